@@ -1,0 +1,476 @@
+"""ZoRRo Train: each shared prompt is encoded once; responses attend to it. Exact, any HF decoder.
+
+Rows that share a prompt (same `uid` *and* the same prompt tokens and position ids, checked
+exactly) are packed into one row without padding:
+
+    [prompt][resp_1][resp_2]...[resp_G] [prompt'][resp'_1]...      (one packed row, N tokens)
+
+Every linear layer, norm and the embedding then run over the prompt once instead of G times.
+Attention is the only layer that mixes tokens; ours (registered in transformers'
+`AttentionInterface`, so model classes stay unmodified) gives
+
+    prompt queries   -> prompt keys, causal
+    response queries -> prompt keys (all of them)  +  own response keys, causal
+
+which is exactly what each response sees in the naive padded batch. Position ids of a response
+continue from its prompt's (taken from the batch, so custom position ids stay exact).
+
+Attention backends (`attention=`):
+  "split"  (CPU default) two passes of torch's CPU flash kernel, responses x prompt keys (no mask,
+           GQA without copies) and responses x own keys (causal), merged by their log-sum-exp
+           (`merge_attention_states`). The kernel's LSE has no autograd, so the backward is written
+           out: each part's flash backward run with the *merged* output and LSE gives that part's
+           exact share of the gradient (the split-KV backward of FlashAttention).
+  "concat" (any device) each response's queries against [prompt keys; own keys] in one SDPA call
+           with an additive float mask, batched per group; autograd does the rest. Copies the prompt
+           KV once per response.
+  "flash_varlen" (CUDA default when flash-attn is installed) the concat form as two
+           `flash_attn_varlen_func` calls (prompts causal; responses against gathered
+           [prompt; own] keys, bottom-right causal). Not exercised in CI (no GPU there).
+
+Legend: B rows, P prompt columns, R response columns, N packed tokens, M predicted response
+tokens, H query heads, K kv heads, D head dim, G responses in a group.
+"""
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+from arctic_rl.batch import LOG_PROBS_KEYS, Batch, BatchError, group_rows, position_ids, validate_batch
+from arctic_rl.engines.forward import DEFAULT_CHUNK_TOKENS, decoder_and_head, head_post_process
+from arctic_rl.zorro.merge import merge_attention_states
+
+ATTN_IMPLEMENTATION = "arctic_zorro"
+ATTENTION_BACKENDS = ("auto", "split", "concat", "flash_varlen")
+
+
+# ----------------------------------------------------------------------------------------------
+# The plan: which rows share a prompt, and where every token goes in the packed row.
+
+@dataclass
+class Run:
+    """`count` consecutive responses of equal length `length`, starting at packed offset `start`."""
+    start: int
+    count: int
+    length: int
+
+
+@dataclass
+class Group:
+    rows: list[int]            # batch rows, in packed order (sorted by response length)
+    start: int                 # packed offset of the prompt
+    prompt_len: int
+    resp_lens: list[int]       # per row of `rows`
+    runs: list[Run] = field(default_factory=list)   # the non-empty responses, by equal length
+
+    @property
+    def resp_start(self) -> int:
+        return self.start + self.prompt_len
+
+    @property
+    def num_resp_tokens(self) -> int:
+        return sum(self.resp_lens)
+
+
+@dataclass
+class ZorroPlan:
+    groups: list[Group]
+    input_ids: torch.Tensor     # [1, N]
+    position_ids: torch.Tensor  # [1, N]
+    pred_index: torch.Tensor    # [M] packed position whose hidden state predicts labels[m]
+    labels: torch.Tensor        # [M]
+    out_index: torch.Tensor     # [M] row * R + column in the [B, R] outputs
+    num_rows: int
+    resp_cols: int
+    backend: str = "split"
+    max_seq_len: int = 0        # longest prompt + response (sliding-window check)
+    _cache: dict = field(default_factory=dict)  # per-backend index tensors, built on first use
+
+    @property
+    def num_tokens(self) -> int:
+        return self.input_ids.shape[1]
+
+
+def _check_padding(mask_BT: torch.Tensor, P: int) -> None:
+    prompt, resp = mask_BT[:, :P].int(), mask_BT[:, P:].int()
+    if (prompt[:, 1:] < prompt[:, :-1]).any():
+        raise BatchError("ZoRRo needs prompts left-padded: batch['attention_mask'][:, :P] must be 0...0 1...1 per row")
+    if resp.shape[1] > 1 and (resp[:, 1:] > resp[:, :-1]).any():
+        raise BatchError("ZoRRo needs responses right-padded: batch['attention_mask'][:, P:] must be 1...1 0...0 per row")
+    if (prompt.sum(1) == 0).any():
+        row = int((prompt.sum(1) == 0).nonzero()[0])
+        raise BatchError(f"batch['attention_mask'] row {row} has an empty prompt; ZoRRo needs at least one prompt token")
+
+
+def prompt_groups(batch: Batch) -> list[list[int]]:
+    """Rows grouped by uid, each uid group split further by exact prompt tokens and position ids.
+
+    Rows that only share a uid (or only look alike) are never merged."""
+    ids, mask = batch["input_ids"].cpu(), batch["attention_mask"].cpu().bool()
+    pos = position_ids(batch).cpu()
+    P = ids.shape[1] - batch["responses"].shape[1]
+    plen = mask[:, :P].sum(1).tolist()
+    out: list[list[int]] = []
+    for rows in group_rows(batch):
+        sub: dict[bytes, list[int]] = {}
+        for i in rows:
+            p = plen[i]
+            key = ids[i, P - p:P].numpy().tobytes() + b"|" + pos[i, P - p:P].numpy().tobytes()
+            sub.setdefault(key, []).append(i)
+        out.extend(sub.values())
+    return out
+
+
+def build_plan(batch: Batch, *, device: torch.device | str | None = None, backend: str = "split") -> ZorroPlan:
+    """Group, order and index everything once, on the CPU; tensors land on `device`."""
+    B, P, R = validate_batch(batch, LOG_PROBS_KEYS)
+    ids, mask = batch["input_ids"].cpu(), batch["attention_mask"].cpu().bool()
+    pos = position_ids(batch).cpu().long()
+    _check_padding(mask, P)
+    plen, rlen = mask[:, :P].sum(1).tolist(), mask[:, P:].sum(1).tolist()
+
+    ids_parts, pos_parts, pred_parts, label_parts, out_parts = [], [], [], [], []
+    groups: list[Group] = []
+    offset, max_len = 0, 0
+    for rows in prompt_groups(batch):
+        rows = sorted(rows, key=lambda i: rlen[i])   # stable: equal lengths stay in row order
+        p = plen[rows[0]]
+        g = Group(rows=rows, start=offset, prompt_len=p, resp_lens=[rlen[i] for i in rows])
+        ids_parts.append(ids[rows[0], P - p:P])
+        pos_parts.append(pos[rows[0], P - p:P])
+        last_prompt = offset + p - 1
+        cur = offset + p
+        for i in rows:
+            r = rlen[i]
+            max_len = max(max_len, p + r)
+            if r == 0:
+                continue
+            ids_parts.append(ids[i, P:P + r])
+            pos_parts.append(pos[i, P:P + r])
+            # response token j is predicted by the hidden state of token j-1 (the prompt's last for j=0)
+            pred_parts.append(torch.cat([torch.tensor([last_prompt]), torch.arange(cur, cur + r - 1)]))
+            label_parts.append(ids[i, P:P + r])
+            out_parts.append(torch.arange(i * R, i * R + r))
+            if g.runs and g.runs[-1].length == r:
+                g.runs[-1].count += 1
+            else:
+                g.runs.append(Run(start=cur, count=1, length=r))
+            cur += r
+        offset = cur
+        groups.append(g)
+
+    def cat(parts, dtype=torch.long):
+        t = torch.cat(parts) if parts else torch.zeros(0, dtype=dtype)
+        return t.to(device) if device is not None else t
+
+    return ZorroPlan(groups=groups, input_ids=cat(ids_parts, ids.dtype).view(1, -1),
+                     position_ids=cat(pos_parts).view(1, -1), pred_index=cat(pred_parts),
+                     labels=cat(label_parts, ids.dtype), out_index=cat(out_parts), num_rows=B, resp_cols=R,
+                     backend=backend, max_seq_len=max_len)
+
+
+# ----------------------------------------------------------------------------------------------
+# "split": CPU flash kernel, two passes + LSE merge, hand-written exact backward.
+
+_flash_cpu = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+_flash_cpu_bwd = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
+
+
+def _run_view(x: torch.Tensor, run: Run, base: int = 0) -> torch.Tensor:
+    """[1, H, N, *] (or [1, H, N]) -> [count, H, length, *] view of a run's tokens, no copy."""
+    s = run.start - base
+    y = x[0, :, s:s + run.count * run.length].unflatten(1, (run.count, run.length))
+    return y.transpose(0, 1)
+
+
+class _SplitAttention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, groups, scale):
+        # q [1, H, N, D], k/v [1, K, N, D] (strided views of [1, N, H, D] projections are fine)
+        _, H, N, D = q.shape
+        out = q.new_empty(1, N, H, D)
+        out_h = out.transpose(1, 2)
+        lse = None
+        for g in groups:
+            ps, pe = g.start, g.start + g.prompt_len
+            kp, vp = k[:, :, ps:pe], v[:, :, ps:pe]
+            o, l = _flash_cpu(q[:, :, ps:pe], kp, vp, 0.0, True, scale=scale)
+            if lse is None:
+                lse = torch.empty(1, H, N, dtype=l.dtype, device=q.device)
+            out_h[:, :, ps:pe] = o
+            lse[:, :, ps:pe] = l
+            re = pe + g.num_resp_tokens
+            if re == pe:
+                continue
+            # every response query of the group against the prompt keys: one call, prompt KV read once
+            oa, la = _flash_cpu(q[:, :, pe:re], kp, vp, 0.0, False, scale=scale)
+            for run in g.runs:
+                ob, lb = _flash_cpu(_run_view(q, run), _run_view(k, run), _run_view(v, run), 0.0, True, scale=scale)
+                o_m, l_m = merge_attention_states(_run_view(oa, run, pe), _run_view(la, run, pe), ob, lb)
+                _run_view(out_h, run).copy_(o_m)
+                _run_view(lse, run).copy_(l_m)
+        ctx.groups, ctx.scale = groups, scale
+        ctx.save_for_backward(q, k, v, out, lse)
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        q, k, v, out, lse = ctx.saved_tensors
+        scale = ctx.scale
+        _, H, N, D = q.shape
+        Hk = k.shape[1]
+        dq = torch.zeros(1, N, H, D, dtype=q.dtype, device=q.device).transpose(1, 2)
+        dk = torch.zeros(1, N, Hk, D, dtype=k.dtype, device=k.device).transpose(1, 2)
+        dv = torch.zeros_like(dk)
+        do_h, out_h = dout.transpose(1, 2), out.transpose(1, 2)
+        for g in ctx.groups:
+            ps, pe = g.start, g.start + g.prompt_len
+            re = pe + g.num_resp_tokens
+            kp, vp = k[:, :, ps:pe], v[:, :, ps:pe]
+            a, b, c = _flash_cpu_bwd(do_h[:, :, ps:pe], q[:, :, ps:pe], kp, vp, out_h[:, :, ps:pe],
+                                     lse[:, :, ps:pe], 0.0, True, scale=scale)
+            dq[:, :, ps:pe] = a
+            dk[:, :, ps:pe] = b
+            dv[:, :, ps:pe] = c
+            if re == pe:
+                continue
+            # Each part's backward with the merged (out, lse): P = exp(s - lse_full) is the full
+            # softmax restricted to that part and rowsum(dO * O_full) is the full D term, so the
+            # parts' gradients add up to the gradient of one attention over all keys.
+            a, b, c = _flash_cpu_bwd(do_h[:, :, pe:re], q[:, :, pe:re], kp, vp, out_h[:, :, pe:re],
+                                     lse[:, :, pe:re], 0.0, False, scale=scale)
+            dq[:, :, pe:re] = a
+            dk[:, :, ps:pe] += b
+            dv[:, :, ps:pe] += c
+            for run in g.runs:
+                a, b, c = _flash_cpu_bwd(_run_view(do_h, run), _run_view(q, run), _run_view(k, run),
+                                         _run_view(v, run), _run_view(out_h, run), _run_view(lse, run),
+                                         0.0, True, scale=scale)
+                _run_view(dq, run).add_(a)
+                _run_view(dk, run).copy_(b)
+                _run_view(dv, run).copy_(c)
+        return dq, dk, dv, None, None
+
+
+def _split_attention(q, k, v, plan: ZorroPlan, scale: float) -> torch.Tensor:
+    return _SplitAttention.apply(q, k, v, plan.groups, scale)
+
+
+# ----------------------------------------------------------------------------------------------
+# "concat": [prompt keys; own keys] per response in one SDPA call per group (any device).
+
+def _concat_indices(plan: ZorroPlan, device) -> list[tuple]:
+    key = ("concat", str(device))
+    if key in plan._cache:
+        return plan._cache[key]
+    dtype = torch.get_default_dtype()
+    per_group = []
+    for g in plan.groups:
+        lens = [r for r in g.resp_lens if r > 0]
+        if not lens:
+            per_group.append(None)
+            continue
+        G, p, rmax = len(lens), g.prompt_len, max(lens)
+        starts = torch.tensor([0] + lens[:-1]).cumsum(0) + g.resp_start
+        j = torch.arange(rmax)
+        valid = j.view(1, -1) < torch.tensor(lens).view(-1, 1)                      # [G, rmax]
+        own = torch.where(valid, starts.view(-1, 1) + j.view(1, -1), torch.full_like(valid, g.start, dtype=torch.long))
+        q_index = own.reshape(-1)                                                   # [G*rmax]
+        prompt = torch.arange(g.start, g.start + p).expand(G, p)
+        kv_index = torch.cat([prompt, own], 1).reshape(-1)                          # [G*(p+rmax)]
+        allowed = torch.ones(G, rmax, p + rmax, dtype=torch.bool)
+        allowed[:, :, p:] = torch.ones(rmax, rmax, dtype=torch.bool).tril() & valid.unsqueeze(1)
+        bias = torch.zeros(G, 1, rmax, p + rmax, dtype=dtype).masked_fill(~allowed.unsqueeze(1), float("-inf"))
+        per_group.append((G, rmax, q_index.to(device), kv_index.to(device), bias.to(device),
+                          valid.reshape(-1).nonzero().squeeze(1).to(device)))
+    plan._cache[key] = per_group
+    return per_group
+
+
+def _concat_attention(q, k, v, plan: ZorroPlan, scale: float) -> torch.Tensor:
+    _, H, N, D = q.shape
+    Hk = k.shape[1]
+    pieces = []
+    for g, idx in zip(plan.groups, _concat_indices(plan, q.device)):
+        ps, pe = g.start, g.start + g.prompt_len
+        o = F.scaled_dot_product_attention(q[:, :, ps:pe], k[:, :, ps:pe], v[:, :, ps:pe], is_causal=True,
+                                           scale=scale, enable_gqa=H != Hk)
+        pieces.append(o[0].transpose(0, 1))                                          # [p, H, D]
+        if idx is None:
+            continue
+        G, rmax, q_index, kv_index, bias, keep = idx
+        qg = q[0].index_select(1, q_index).view(H, G, rmax, D).transpose(0, 1)
+        kg = k[0].index_select(1, kv_index).view(Hk, G, -1, D).transpose(0, 1)
+        vg = v[0].index_select(1, kv_index).view(Hk, G, -1, D).transpose(0, 1)
+        o = F.scaled_dot_product_attention(qg, kg, vg, attn_mask=bias.to(q.dtype), scale=scale,
+                                           enable_gqa=H != Hk)                       # [G, H, rmax, D]
+        pieces.append(o.transpose(1, 2).reshape(G * rmax, H, D).index_select(0, keep))
+    return torch.cat(pieces).unsqueeze(0)
+
+
+# ----------------------------------------------------------------------------------------------
+# "flash_varlen": the concat form through flash-attn's varlen kernel (CUDA).
+
+def _varlen_indices(plan: ZorroPlan, device) -> dict:
+    key = ("varlen", str(device))
+    if key in plan._cache:
+        return plan._cache[key]
+    p_idx, p_lens, rq_idx, rq_lens, rk_idx, rk_lens = [], [], [], [], [], []
+    for g in plan.groups:
+        prompt = torch.arange(g.start, g.start + g.prompt_len)
+        p_idx.append(prompt)
+        p_lens.append(g.prompt_len)
+        cur = g.resp_start
+        for r in g.resp_lens:
+            if r == 0:
+                continue
+            own = torch.arange(cur, cur + r)
+            rq_idx.append(own)
+            rq_lens.append(r)
+            rk_idx.append(torch.cat([prompt, own]))
+            rk_lens.append(g.prompt_len + r)
+            cur += r
+
+    def cu(lens):
+        return torch.tensor([0] + lens).cumsum(0).to(torch.int32).to(device)
+
+    cat = lambda xs: (torch.cat(xs) if xs else torch.zeros(0, dtype=torch.long)).to(device)  # noqa: E731
+    out = {"p_idx": cat(p_idx), "p_cu": cu(p_lens), "p_max": max(p_lens),
+           "rq_idx": cat(rq_idx), "rq_cu": cu(rq_lens), "rq_max": max(rq_lens, default=0),
+           "rk_idx": cat(rk_idx), "rk_cu": cu(rk_lens), "rk_max": max(rk_lens, default=0)}
+    plan._cache[key] = out
+    return out
+
+
+def _flash_varlen_fn():
+    from flash_attn import flash_attn_varlen_func
+    return flash_attn_varlen_func
+
+
+def _flash_varlen_attention(q, k, v, plan: ZorroPlan, scale: float, varlen_fn=None) -> torch.Tensor:
+    varlen_fn = varlen_fn or _flash_varlen_fn()
+    ix = _varlen_indices(plan, q.device)
+    qt, kt, vt = q[0].transpose(0, 1), k[0].transpose(0, 1), v[0].transpose(0, 1)   # [N, H|K, D]
+    p_idx = ix["p_idx"]
+    o_p = varlen_fn(qt.index_select(0, p_idx), kt.index_select(0, p_idx), vt.index_select(0, p_idx),
+                    ix["p_cu"], ix["p_cu"], ix["p_max"], ix["p_max"], softmax_scale=scale, causal=True)
+    out = torch.zeros_like(qt).index_copy(0, p_idx, o_p)
+    if ix["rq_max"] > 0:
+        # flash-attn (>= 2.1) aligns the causal diagonal bottom-right when seqlen_q < seqlen_k:
+        # response query j sees the whole prompt and own keys 0..j.
+        rk = ix["rk_idx"]
+        o_r = varlen_fn(qt.index_select(0, ix["rq_idx"]), kt.index_select(0, rk), vt.index_select(0, rk),
+                        ix["rq_cu"], ix["rk_cu"], ix["rq_max"], ix["rk_max"], softmax_scale=scale, causal=True)
+        out = out.index_copy(0, ix["rq_idx"], o_r)
+    return out.unsqueeze(0)
+
+
+def varlen_reference(q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale=None, causal=False):
+    """flash_attn_varlen_func's semantics in plain SDPA (bottom-right causal, GQA); for tests."""
+    outs = []
+    for i in range(len(cu_q) - 1):
+        qs, qe, ks, ke = int(cu_q[i]), int(cu_q[i + 1]), int(cu_k[i]), int(cu_k[i + 1])
+        L, S = qe - qs, ke - ks
+        mask = torch.ones(L, S, dtype=torch.bool, device=q.device).tril(S - L) if causal else None
+        o = F.scaled_dot_product_attention(q[qs:qe].transpose(0, 1), k[ks:ke].transpose(0, 1),
+                                           v[ks:ke].transpose(0, 1), attn_mask=mask, scale=softmax_scale,
+                                           enable_gqa=q.shape[1] != k.shape[1])
+        outs.append(o.transpose(0, 1))
+    return torch.cat(outs)
+
+
+# ----------------------------------------------------------------------------------------------
+# The function registered in transformers' AttentionInterface.
+
+_BACKEND_FNS = {"split": _split_attention, "concat": _concat_attention, "flash_varlen": _flash_varlen_attention}
+
+
+def zorro_attention_forward(module, query, key, value, attention_mask, dropout: float = 0.0,
+                            scaling: float | None = None, sliding_window: int | None = None,
+                            softcap: float | None = None, zorro_plan: ZorroPlan | None = None, **kwargs):
+    """transformers attention-interface function: query [1, H, N, D], key/value [1, K, N, D] ->
+    ([1, N, H, D], None). Needs `zorro_plan` in the model call's kwargs (set by zorro_log_probs)."""
+    if zorro_plan is None:
+        raise RuntimeError(f"attention implementation {ATTN_IMPLEMENTATION!r} is only usable through "
+                           "arctic_rl.zorro.train.zorro_log_probs (no zorro_plan was passed)")
+    if query.shape[0] != 1 or query.shape[2] != zorro_plan.num_tokens:
+        raise RuntimeError(f"ZoRRo attention expects one packed row of {zorro_plan.num_tokens} tokens, "
+                           f"got query {list(query.shape)}")
+    if dropout:
+        raise NotImplementedError(f"ZoRRo Train does not support attention dropout (got {dropout}); "
+                                  "set the model's attention_dropout to 0")
+    if softcap or kwargs.get("s_aux") is not None:
+        raise NotImplementedError("ZoRRo Train does not support attention logit soft-capping or attention sinks")
+    if sliding_window is not None and zorro_plan.max_seq_len > sliding_window:
+        raise NotImplementedError(f"ZoRRo Train: a sequence of {zorro_plan.max_seq_len} tokens exceeds the "
+                                  f"model's sliding window of {sliding_window}; sliding windows are not supported")
+    if not getattr(module, "is_causal", True):
+        raise NotImplementedError("ZoRRo Train needs causal (decoder) self-attention")
+    scale = query.shape[-1] ** -0.5 if scaling is None else float(scaling)
+    return _BACKEND_FNS[zorro_plan.backend](query, key, value, zorro_plan, scale), None
+
+
+def register() -> str:
+    """Registers the ZoRRo attention function with transformers (idempotent); returns its name."""
+    from transformers import AttentionInterface
+    AttentionInterface.register(ATTN_IMPLEMENTATION, zorro_attention_forward)
+    return ATTN_IMPLEMENTATION
+
+
+@contextlib.contextmanager
+def zorro_attention_enabled(model):
+    """Points every config of `model` at the ZoRRo attention function for the duration."""
+    register()
+    configs = {}
+    for m in model.modules():
+        c = getattr(m, "config", None)
+        if c is not None and hasattr(c, "_attn_implementation_internal"):
+            configs[id(c)] = c
+    saved = [(c, c._attn_implementation_internal) for c in configs.values()]
+    try:
+        for c, _ in saved:
+            c._attn_implementation_internal = ATTN_IMPLEMENTATION
+        yield
+    finally:
+        for c, impl in saved:
+            c._attn_implementation_internal = impl
+
+
+def pick_backend(device: torch.device, attention: str = "auto") -> str:
+    if attention not in ATTENTION_BACKENDS:
+        raise ValueError(f"attention={attention!r}; expected one of {ATTENTION_BACKENDS}")
+    if attention != "auto":
+        return attention
+    if device.type == "cpu":
+        return "split"
+    if device.type == "cuda":
+        try:
+            _flash_varlen_fn()
+            return "flash_varlen"
+        except ImportError:
+            pass
+    return "concat"
+
+
+def zorro_log_probs(model, batch: Batch, *, post_processor: str = "log_probs", pp_config: dict | None = None,
+                    chunk_tokens: int = DEFAULT_CHUNK_TOKENS, attention: str = "auto") -> dict[str, torch.Tensor]:
+    """Same outputs as `arctic_rl.engines.forward.naive_log_probs` ({"log_probs": [B, R],
+    "entropy": [B, R]?}, zeros on response padding), each shared prompt encoded once.
+
+    >>> out = zorro_log_probs(model, batch, pp_config={"compute_entropy": True})
+    >>> out["log_probs"].shape == batch["responses"].shape
+    """
+    pp_config = pp_config or {}
+    body, head = decoder_and_head(model)
+    device = batch["input_ids"].device
+    plan = build_plan(batch, device=device, backend=pick_backend(device, attention))
+    with zorro_attention_enabled(model):
+        hidden_1NH = body(input_ids=plan.input_ids, position_ids=plan.position_ids, attention_mask=None,
+                          use_cache=False, zorro_plan=plan).last_hidden_state
+    out_M = head_post_process(hidden_1NH[0].index_select(0, plan.pred_index), plan.labels, head,
+                              post_processor, pp_config, chunk_tokens)
+    B, R = plan.num_rows, plan.resp_cols
+    return {k: v.new_zeros(B * R).index_copy(0, plan.out_index, v).view(B, R) for k, v in out_M.items()}
