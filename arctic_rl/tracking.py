@@ -1,0 +1,219 @@
+"""MLflow logging for arctic-rl runs, under the metric names verl uses.
+
+Every run of a recipe (the arctic-rl reference loop, verl or SkyRL driving arctic-rl, native verl, native
+SkyRL) logs to one MLflow experiment per recipe, tagged with `framework`, `backend`, `recipe`, `model`,
+`nodes`, `gpus`; `arctic-rl compare` (arctic_rl/compare.py) reads them back. Timing metrics use verl's
+names (`timing_s/<phase>`, from verl/trainer/ppo/metric_utils.py) so that our runs and native verl runs
+line up without a mapping; SkyRL's names (`timing/<name>`) are mapped in compare.py.
+
+    from arctic_rl.tracking import Tracker, TIMING_GEN, TAG_FRAMEWORK, FRAMEWORK_ARCTIC
+    tracker = Tracker.start("text2sql", run_name="grpo-smollm2", tags={TAG_FRAMEWORK: FRAMEWORK_ARCTIC},
+                            params={"optimizer": {"lr": 1e-5}})
+    tracker.log_metrics({TIMING_GEN: 12.5}, step=1)
+    tracker.end()
+
+Tracking URI: the `tracking_uri` argument, else env MLFLOW_TRACKING_URI, else a sqlite file
+`runs/mlflow.db` under the current directory. Console echo is not this module's job.
+
+Resuming: when env ARCTIC_RL_RESUME_KEY is set (jobs/bootstrap.py sets it to the job's folder, which is
+stable across Slurm requeues), `Tracker.start` continues the unfinished run carrying the same key instead
+of opening a second one, so a preempted-and-requeued job keeps one metric history.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+# Metric names shared with verl (values in seconds, per training step).
+TIMING_GEN = "timing_s/gen"
+TIMING_REWARD = "timing_s/reward"
+TIMING_OLD_LOG_PROB = "timing_s/old_log_prob"
+TIMING_REF = "timing_s/ref"
+TIMING_ADV = "timing_s/adv"
+TIMING_UPDATE_ACTOR = "timing_s/update_actor"
+TIMING_UPDATE_WEIGHTS = "timing_s/update_weights"
+TIMING_STEP = "timing_s/step"
+TIMING_PREFIX = "timing_s/"
+PERF_THROUGHPUT = "perf/throughput"  # tokens / s / GPU, as verl computes it
+REWARD_MEAN = "critic/rewards/mean"
+RESPONSE_LENGTH_MEAN = "response_length/mean"
+# The phases of one step, in execution order; `step` is the whole step (end to end).
+PHASES = ("gen", "reward", "old_log_prob", "ref", "adv", "update_actor", "update_weights", "step")
+
+# Standard tag keys and values.
+TAG_FRAMEWORK = "framework"  # who drives the loop: arctic-rl (reference loop), verl, skyrl
+TAG_BACKEND = "backend"  # who owns the compute: arctic-rl or native
+TAG_RECIPE = "recipe"
+TAG_MODEL = "model"
+TAG_NODES = "nodes"
+TAG_GPUS = "gpus"  # total GPUs of the run
+TAG_SLURM_JOB_ID = "slurm_job_id"
+TAG_RESUME_KEY = "arctic_rl.resume_key"
+STANDARD_TAGS = (TAG_FRAMEWORK, TAG_BACKEND, TAG_RECIPE, TAG_MODEL, TAG_NODES, TAG_GPUS)
+FRAMEWORK_ARCTIC = "arctic-rl"
+FRAMEWORK_VERL = "verl"
+FRAMEWORK_SKYRL = "skyrl"
+BACKEND_ARCTIC = "arctic-rl"
+BACKEND_NATIVE = "native"
+
+# Tags filled from the environment when the caller does not give them: the job launcher (jobs/) knows
+# the recipe, node and GPU counts and the Slurm job id; the loop need not pass them through.
+ENV_DEFAULT_TAGS = {
+    "ARCTIC_RL_RECIPE": TAG_RECIPE,
+    "ARCTIC_RL_NODES": TAG_NODES,
+    "ARCTIC_RL_GPUS": TAG_GPUS,
+    "SLURM_JOB_ID": TAG_SLURM_JOB_ID,
+}
+ENV_RESUME_KEY = "ARCTIC_RL_RESUME_KEY"
+
+# MLflow's limits (mlflow/utils/validation.py): values per log_batch call and param value length.
+_MAX_PARAMS_PER_BATCH = 100
+_MAX_METRICS_PER_BATCH = 1000
+_MAX_PARAM_VALUE_CHARS = 6000
+
+
+def default_tracking_uri() -> str:
+    """MLFLOW_TRACKING_URI if set, else `sqlite:///<cwd>/runs/mlflow.db` (the folder is created)."""
+    uri = os.environ.get("MLFLOW_TRACKING_URI")
+    if uri:
+        return uri
+    folder = Path.cwd().resolve() / "runs"
+    folder.mkdir(parents=True, exist_ok=True)
+    return f"sqlite:///{folder / 'mlflow.db'}"
+
+
+def flatten_params(params: Mapping[str, Any], sep: str = "/") -> dict[str, str]:
+    """Nested dicts become `a/b/c` keys (verl's convention); values become strings MLflow accepts."""
+    flat: dict[str, str] = {}
+    for key, value in params.items():
+        if isinstance(value, Mapping):
+            for sub_key, sub_value in flatten_params(value, sep).items():
+                flat[f"{key}{sep}{sub_key}"] = sub_value
+        else:
+            flat[str(key)] = str(value)[:_MAX_PARAM_VALUE_CHARS]
+    return flat
+
+
+def _env_tags() -> dict[str, str]:
+    return {tag: os.environ[env] for env, tag in ENV_DEFAULT_TAGS.items() if os.environ.get(env)}
+
+
+class Tracker:
+    """One MLflow run. Uses an explicit MlflowClient (no global active run) so several trackers, threads
+    or a framework's own mlflow.start_run() in the same process do not interfere."""
+
+    def __init__(self, client: Any, run_id: str, experiment_id: str) -> None:
+        self._client = client
+        self.run_id = run_id
+        self.experiment_id = experiment_id
+        self._ended = False
+
+    @classmethod
+    def start(
+        cls,
+        experiment: str,
+        *,
+        run_name: str | None = None,
+        tags: dict[str, str] | None = None,
+        params: dict | None = None,
+        tracking_uri: str | None = None,
+    ) -> Tracker:
+        """Opens (or, under a job with ARCTIC_RL_RESUME_KEY, re-opens) a run in `experiment`."""
+        if not experiment:
+            raise ValueError(f"Tracker.start: experiment={experiment!r}; give the recipe name, e.g. 'text2sql'")
+        from mlflow.tracking import MlflowClient  # mlflow imports in ~1 s; keep `import arctic_rl` light
+
+        client = MlflowClient(tracking_uri=tracking_uri or default_tracking_uri())
+        found = client.get_experiment_by_name(experiment)
+        experiment_id = found.experiment_id if found else client.create_experiment(experiment)
+        all_tags = {**_env_tags(), **{k: str(v) for k, v in (tags or {}).items()}}
+        resume_key = os.environ.get(ENV_RESUME_KEY)
+        run_id = cls._find_resumable(client, experiment_id, resume_key) if resume_key else None
+        if run_id is None:
+            if resume_key:
+                all_tags[TAG_RESUME_KEY] = resume_key
+            run_id = client.create_run(experiment_id, run_name=run_name, tags=all_tags).info.run_id
+        else:
+            client.update_run(run_id, status="RUNNING")
+            cls._set_tags(client, run_id, all_tags)
+        tracker = cls(client, run_id, experiment_id)
+        if params:
+            tracker.log_params(params)
+        return tracker
+
+    @staticmethod
+    def _find_resumable(client: Any, experiment_id: str, resume_key: str) -> str | None:
+        # A requeued job re-enters here; continue its run unless that run already finished.
+        quoted = resume_key.replace("'", "\\'")
+        runs = client.search_runs(
+            [experiment_id], filter_string=f"tags.`{TAG_RESUME_KEY}` = '{quoted}'", max_results=5
+        )
+        for run in runs:
+            if run.info.status != "FINISHED":
+                return run.info.run_id
+        return None
+
+    @staticmethod
+    def _set_tags(client: Any, run_id: str, tags: dict[str, str]) -> None:
+        from mlflow.entities import RunTag
+
+        if tags:
+            client.log_batch(run_id, tags=[RunTag(k, v) for k, v in tags.items()])
+
+    def log_params(self, params: dict) -> None:
+        """Logs a (nested) dict of parameters; a key logged twice with a different value is an MLflow error,
+        so a resumed run skips keys it already has."""
+        from mlflow.entities import Param
+
+        have = self._client.get_run(self.run_id).data.params
+        flat = {k: v for k, v in flatten_params(params).items() if k not in have}
+        items = [Param(k, v) for k, v in flat.items()]
+        for i in range(0, len(items), _MAX_PARAMS_PER_BATCH):
+            self._client.log_batch(self.run_id, params=items[i : i + _MAX_PARAMS_PER_BATCH])
+
+    def set_tags(self, tags: dict[str, str]) -> None:
+        self._set_tags(self._client, self.run_id, {k: str(v) for k, v in tags.items()})
+
+    def log_metrics(self, metrics: dict[str, float], step: int) -> None:
+        """Logs one step's metrics (one batched call). Values must be numbers; the key names the bad one."""
+        from mlflow.entities import Metric
+
+        timestamp_ms = int(time.time() * 1000)
+        items = []
+        for key, value in metrics.items():
+            try:
+                items.append(Metric(key, float(value), timestamp_ms, int(step)))
+            except (TypeError, ValueError) as err:
+                raise ValueError(f"log_metrics: metric {key!r} has value {value!r}, expected a number") from err
+        for i in range(0, len(items), _MAX_METRICS_PER_BATCH):
+            self._client.log_batch(self.run_id, metrics=items[i : i + _MAX_METRICS_PER_BATCH])
+
+    def log_artifact(self, path: str | os.PathLike, artifact_path: str | None = None) -> None:
+        if not Path(path).exists():
+            raise FileNotFoundError(f"log_artifact: path={str(path)!r} does not exist")
+        self._client.log_artifact(self.run_id, str(path), artifact_path)
+
+    def end(self, status: str = "FINISHED") -> None:
+        """Closes the run (FINISHED, FAILED or KILLED); a second call is a no-op."""
+        if not self._ended:
+            self._client.set_terminated(self.run_id, status=status)
+            self._ended = True
+
+    def __enter__(self) -> Tracker:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if exc_type is None:
+            self.end("FINISHED")
+        elif issubclass(exc_type, KeyboardInterrupt | SystemExit):
+            # Preemption (submitit exits through SystemExit) leaves the run open for the requeued job.
+            self.end("KILLED")
+        else:
+            self.end("FAILED")
