@@ -467,6 +467,13 @@ def test_bad_config_values_name_key_and_value(cfg, match):
         grpo_loss(outputs, batch, cfg)
 
 
+def test_post_processor_keys_are_accepted_and_ignored():
+    outputs, batch = make_batch()
+    extra = {"temperature": 0.7, "compute_entropy": True}
+    assert grpo_loss(outputs, batch, extra)[0].item() == grpo_loss(outputs, batch, {})[0].item()
+    assert sft_loss(outputs, batch, extra)[0].item() == sft_loss(outputs, batch, {})[0].item()
+
+
 def test_bad_batch_names_the_key():
     outputs, batch = make_batch()
     with pytest.raises(ValueError, match="ref_log_prob"):

@@ -29,7 +29,8 @@
   global_num_tokens        (engine)       response tokens in the whole global batch
   global_num_seqs          (engine)       rows with >= 1 response token in the whole global batch
 
-Unknown keys raise ValueError (a typo must not silently fall back to a default).
+Unknown keys raise ValueError (a typo must not silently fall back to a default); `temperature` and
+`compute_entropy` are accepted and ignored: the engine's post-processor reads them.
 
 Off-policy data (decoupled PPO, as verl's "decoupled" rollout-correction mode): three policies,
 behaviour pi_b = batch["rollout_log_probs"] (the sampler), proximal pi_prox, current pi_theta.
@@ -80,7 +81,8 @@ from arctic_rl.losses import register_loss_fn
 
 AGG_MODES = ("token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 KL_TYPES = ("k1", "kl", "abs", "k2", "mse", "k3", "low_var_kl")
-ENGINE_KEYS = ("global_num_tokens", "global_num_seqs")
+# Read by the engine's post-processor from the same loss_config (arctic_rl/engines/training.py); ignored here.
+POST_PROCESSOR_KEYS = ("temperature", "compute_entropy")
 SUM_METRICS = frozenset({"actor/pg_loss", "actor/kl_loss", "actor/entropy", "actor/sft_loss"})
 LOG_RATIO_BOUND = 20.0  # verl clamps log-ratios to +-20 before exp (exp(20) ~ 5e8)
 GSPO_LOG_RATIO_MAX = 10.0
@@ -166,10 +168,10 @@ def _is_threshold(value) -> tuple[float, float | None]:
     return upper, lower
 
 
-def parse_config(config: dict | None, *, extra_keys: tuple[str, ...] = ()) -> GRPOConfig:
+def parse_config(config: dict | None) -> GRPOConfig:
     """Validates a loss_config dict; raises ValueError naming the key and value."""
-    cfg = dict(config or {})
-    known = set(GRPOConfig.__dataclass_fields__) | set(extra_keys)
+    cfg = {k: v for k, v in (config or {}).items() if k not in POST_PROCESSOR_KEYS}
+    known = set(GRPOConfig.__dataclass_fields__) | set(POST_PROCESSOR_KEYS)
     unknown = sorted(set(cfg) - known)
     if unknown:
         raise ValueError(f"unknown loss_config key(s) {unknown}; known: {sorted(known)}")

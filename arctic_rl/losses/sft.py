@@ -8,6 +8,7 @@ batch = {"response_mask": [B, R]}. Config keys (the same meaning as in `grpo`):
   global_num_tokens / global_num_seqs   the engine's global normalizers: with them, the sum of the
                                     micro-batch losses equals the full-batch loss (verl's sft_loss
                                     divides by the global token count the same way)
+  temperature / compute_entropy      accepted and ignored (the engine's post-processor reads them)
 Metric: actor/sft_loss (normalized like the loss: sum it over micro-batches when global counts are
 given, a per-call mean otherwise).
 
@@ -18,9 +19,9 @@ from __future__ import annotations
 import torch
 
 from arctic_rl.losses import register_loss_fn
-from arctic_rl.losses.grpo import AGG_MODES, _bad, _log_probs, _number, _tensor, agg_loss
+from arctic_rl.losses.grpo import AGG_MODES, POST_PROCESSOR_KEYS, _bad, _log_probs, _number, _tensor, agg_loss
 
-SFT_KEYS = ("loss_agg_mode", "loss_scale_factor", "global_num_tokens", "global_num_seqs")
+SFT_KEYS = ("loss_agg_mode", "loss_scale_factor", "global_num_tokens", "global_num_seqs", *POST_PROCESSOR_KEYS)
 
 
 @register_loss_fn("sft")
