@@ -1,0 +1,397 @@
+"""Ray-on-Slurm bootstrap: one process per node brings up a Ray cluster over the job's nodes, rank 0 runs
+the recipe command against it, and every exit path tears Ray down.
+
+    rank 0 (head):   ray start --head --block ... ; write <job_dir>/ray-head.<attempt>.json
+                     wait until all N nodes registered (timeout names the missing ones)
+                     RAY_ADDRESS=<head>:<port> <command ...>   (e.g. arctic-rl run CONFIG ...)
+                     write <job_dir>/ray-stop.<attempt>; stop Ray
+    rank r > 0:      read the head address file; ray start --address=<head> --block ... ;
+                     exit 0 once the stop file appears (or the head is gone for 30 s)
+
+Every node runs this same entry, launched by Slurm's `srun` (submitit runs one task per node; the TorchX
+Slurm scheduler runs one het-group replica per node) or directly on a laptop (one node, local Ray):
+
+    python -m jobs.bootstrap --job-dir runs/jobs/demo -- arctic-rl run recipes/text2sql/configs/x.yaml
+
+Rank, node count and head host come from the flags, else from Slurm's environment, else one local node.
+The job folder must be on a file system every node sees (it is on Slurm clusters; submitit needs it too):
+the head publishes its address there, which is how workers find a head port chosen at run time.
+Known limit: `ray stop` is never called, because it kills every Ray process of the user on the machine,
+including other jobs'; each node stops exactly the `ray start --block` process tree it started.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+RANK_LABEL = "arctic-rl/rank"
+HOST_LABEL = "arctic-rl/host"
+HEAD_START_TIMEOUT_S = 120.0
+HEAD_GONE_GRACE_S = 30.0
+
+
+@dataclass(kw_only=True)
+class BootstrapConfig:
+    """What one node needs to join (or lead) the job's Ray cluster and, on rank 0, run the recipe."""
+
+    command: list[str]  # run on rank 0 once the cluster is complete
+    job_dir: Path  # shared between nodes; stable across requeues (checkpoints, address files)
+    num_nodes: int = 1
+    rank: int = 0
+    head_host: str = "127.0.0.1"  # only used for messages; the address comes from the job folder
+    hostnames: list[str] = field(default_factory=list)  # expected host per rank, when known
+    num_cpus: int | None = None  # per node; None lets Ray detect
+    num_gpus: int | None = None
+    resources: dict[str, float] = field(default_factory=dict)  # custom Ray resources of this node
+    ray_args: list[str] = field(default_factory=list)  # extra `ray start` flags, e.g. --object-store-memory
+    register_timeout_s: float = 300.0
+    recipe: str | None = None
+    tracking_uri: str | None = None
+    workdir: Path | None = None  # cwd of the command; the submitter's directory
+
+    def __post_init__(self) -> None:
+        if self.num_nodes < 1:
+            raise ValueError(f"num_nodes={self.num_nodes}: need at least one node")
+        if not 0 <= self.rank < self.num_nodes:
+            raise ValueError(f"rank={self.rank} is outside 0..{self.num_nodes - 1} (num_nodes={self.num_nodes})")
+        if self.rank == 0 and not self.command:
+            raise ValueError("command is empty: rank 0 needs the recipe command to run (after `--`)")
+        self.job_dir = Path(self.job_dir).resolve()
+
+
+def log(rank: int, message: str) -> None:
+    print(f"[bootstrap rank {rank} {time.strftime('%H:%M:%S')}] {message}", flush=True)
+
+
+def attempt_id() -> str:
+    """Distinguishes a requeued run of the same job, so a worker never reads the last attempt's head."""
+    return os.environ.get("SLURM_RESTART_COUNT", "0")
+
+
+def expand_nodelist(nodelist: str) -> list[str]:
+    """`node[01-02],gpu7` -> ['node01', 'node02', 'gpu7'] via scontrol (Slurm's own parser)."""
+    if not nodelist:
+        return []
+    if "[" not in nodelist and "," not in nodelist:
+        return [nodelist]
+    out = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True, check=True)
+    return out.stdout.split()
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("", 0))
+        return sock.getsockname()[1]
+
+
+def port_open(address: str, timeout_s: float = 1.0) -> bool:
+    host, port = address.rsplit(":", 1)
+    try:
+        with socket.create_connection((host, int(port)), timeout=timeout_s):
+            return True
+    except OSError:
+        return False
+
+
+class RayNode:
+    """One `ray start --block` process tree, in its own session so it can be stopped as a whole."""
+
+    def __init__(self, cfg: BootstrapConfig, head_address: str | None) -> None:
+        self.cfg = cfg
+        self.is_head = head_address is None
+        # Ray's unix sockets live under the temp dir and must stay under ~107 chars: keep it short.
+        job_key = os.environ.get("SLURM_JOB_ID", str(os.getpid()))
+        self.temp_dir = Path(f"/tmp/arctic-rl-ray-{os.getuid()}/{job_key}-{attempt_id()}-{cfg.rank}")
+        self.log_path = cfg.job_dir / "logs" / f"ray-node{cfg.rank}.{attempt_id()}.log"
+        self.port = free_port() if self.is_head else None
+        self.head_address = head_address
+        self.proc: subprocess.Popen | None = None
+
+    def argv(self) -> list[str]:
+        cfg = self.cfg
+        labels = f"{RANK_LABEL}={cfg.rank},{HOST_LABEL}={socket.gethostname()}"
+        argv = [str(Path(sys.executable).with_name("ray")), "start", "--block", f"--labels={labels}"]
+        argv += [f"--temp-dir={self.temp_dir}", f"--dashboard-agent-listen-port={free_port()}"]
+        if self.is_head:
+            # Fixed default ports (6379, 10001) collide with other clusters on the same machine.
+            argv += ["--head", f"--port={self.port}", f"--ray-client-server-port={free_port()}"]
+            argv += ["--include-dashboard=false"]
+        else:
+            argv += [f"--address={self.head_address}"]
+        if cfg.num_cpus is not None:
+            argv.append(f"--num-cpus={cfg.num_cpus}")
+        if cfg.num_gpus is not None:
+            argv.append(f"--num-gpus={cfg.num_gpus}")
+        if cfg.resources:
+            argv.append(f"--resources={json.dumps(cfg.resources)}")
+        return argv + list(cfg.ray_args)
+
+    def start(self) -> None:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self.temp_dir.parent.mkdir(parents=True, exist_ok=True)
+        env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
+        env.pop("RAY_ADDRESS", None)  # an inherited address would make `ray start --head` join it instead
+        with open(self.log_path, "ab") as out:
+            self.proc = subprocess.Popen(
+                self.argv(), stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                env=env, start_new_session=True,
+            )
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def wait_head_ready(self) -> str:
+        """Returns the GCS address Ray itself reports, once its port answers."""
+        address_file = self.temp_dir / "ray_current_cluster"
+        deadline = time.monotonic() + HEAD_START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if not self.alive():
+                raise RuntimeError(f"`ray start --head` exited with code {self.proc.returncode}; {self.log_hint()}")
+            if address_file.exists():
+                address = address_file.read_text().strip()
+                if address and port_open(address):
+                    return address
+            time.sleep(0.5)
+        raise TimeoutError(f"Ray head not up after {HEAD_START_TIMEOUT_S:.0f} s; {self.log_hint()}")
+
+    def log_hint(self) -> str:
+        tail = ""
+        if self.log_path.exists():
+            tail = "\n".join(self.log_path.read_text(errors="replace").splitlines()[-15:])
+        return f"log {self.log_path} ends with:\n{tail}"
+
+    def stop(self, grace_s: float = 15.0) -> None:
+        """SIGTERM to the process group (ray start's handler stops raylet, GCS, workers), then SIGKILL
+        whatever of the group is left."""
+        if self.proc is None:
+            return
+        try:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            self.proc.wait(timeout=grace_s)
+        except (ProcessLookupError, subprocess.TimeoutExpired):
+            pass
+        time.sleep(0.5)  # children (raylet, workers) may outlive the leader by a moment
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.proc.wait()
+        shutil.rmtree(self.temp_dir, ignore_errors=True)
+
+
+def head_file(cfg: BootstrapConfig) -> Path:
+    return cfg.job_dir / f"ray-head.{attempt_id()}.json"
+
+
+def stop_file(cfg: BootstrapConfig) -> Path:
+    return cfg.job_dir / f"ray-stop.{attempt_id()}"
+
+
+def registered_ranks(address: str) -> dict[int, str]:
+    """rank -> host of the alive nodes that joined through this bootstrap."""
+    import ray
+
+    ranks = {}
+    for node in ray.nodes():
+        labels = node.get("Labels") or {}
+        if node.get("Alive") and RANK_LABEL in labels:
+            ranks[int(labels[RANK_LABEL])] = labels.get(HOST_LABEL, node.get("NodeManagerHostname", "?"))
+    return ranks
+
+
+def wait_for_nodes(cfg: BootstrapConfig, address: str) -> dict[int, str]:
+    """Blocks until all cfg.num_nodes ranks are alive in Ray; the timeout error names the missing ones."""
+    import ray
+
+    ray.init(address=address, logging_level="ERROR", log_to_driver=False)
+    try:
+        started, last_count = time.monotonic(), -1
+        while True:
+            ranks = registered_ranks(address)
+            if len(ranks) != last_count:
+                log(0, f"nodes registered: {len(ranks)}/{cfg.num_nodes} ({', '.join(sorted(ranks.values()))})")
+                last_count = len(ranks)
+            if len(ranks) >= cfg.num_nodes:
+                return ranks
+            if time.monotonic() - started > cfg.register_timeout_s:
+                missing = [r for r in range(cfg.num_nodes) if r not in ranks]
+                names = [f"rank {r}" + (f" (host {cfg.hostnames[r]})" if r < len(cfg.hostnames) else "") for r in missing]
+                raise TimeoutError(
+                    f"Ray cluster incomplete after {cfg.register_timeout_s:.0f} s (register_timeout_s): "
+                    f"{len(ranks)} of {cfg.num_nodes} nodes registered; missing {', '.join(names)}. "
+                    f"Their logs: {cfg.job_dir / 'logs'}/ray-node<rank>.{attempt_id()}.log"
+                )
+            time.sleep(1.0)
+    finally:
+        ray.shutdown()
+
+
+def command_env(cfg: BootstrapConfig, address: str) -> dict[str, str]:
+    """What the recipe command needs: the Ray address, plus facts for its MLflow tags and resume."""
+    env = {**os.environ, "RAY_ADDRESS": address, "ARCTIC_RL_NODES": str(cfg.num_nodes)}
+    env["ARCTIC_RL_JOB_DIR"] = str(cfg.job_dir)
+    env["ARCTIC_RL_RESUME_KEY"] = str(cfg.job_dir)
+    if cfg.num_gpus is not None:
+        env["ARCTIC_RL_GPUS"] = str(cfg.num_gpus * cfg.num_nodes)
+    if cfg.recipe:
+        env["ARCTIC_RL_RECIPE"] = cfg.recipe
+    if cfg.tracking_uri:
+        env["MLFLOW_TRACKING_URI"] = cfg.tracking_uri
+    return env
+
+
+def run_command(cfg: BootstrapConfig, address: str) -> int:
+    log(0, f"RAY_ADDRESS={address}; running: {shlex.join(cfg.command)}")
+    proc = subprocess.Popen(cfg.command, env=command_env(cfg, address), cwd=cfg.workdir, start_new_session=True)
+    try:
+        return proc.wait()
+    finally:
+        if proc.poll() is None:  # we are unwinding (signal, preemption): stop the recipe before Ray
+            log(0, "stopping the recipe command (SIGTERM, then SIGKILL after 20 s)")
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+
+
+def run_head(cfg: BootstrapConfig) -> int:
+    t0 = time.monotonic()
+    node = RayNode(cfg, head_address=None)
+    rc = 1
+    try:
+        node.start()
+        address = node.wait_head_ready()
+        head_file(cfg).write_text(json.dumps({"address": address, "host": socket.gethostname()}))
+        log(0, f"Ray head up at {address} ({time.monotonic() - t0:.1f} s); waiting for {cfg.num_nodes} node(s)")
+        wait_for_nodes(cfg, address)
+        log(0, f"all {cfg.num_nodes} node(s) registered ({time.monotonic() - t0:.1f} s)")
+        rc = run_command(cfg, address)
+        return rc
+    finally:
+        stop_file(cfg).touch()
+        node.stop()
+        log(0, f"done: command exit code {rc}, {cfg.num_nodes} node(s), {time.monotonic() - t0:.0f} s; Ray stopped")
+
+
+def read_head_address(cfg: BootstrapConfig) -> str:
+    path, deadline = head_file(cfg), time.monotonic() + cfg.register_timeout_s
+    while time.monotonic() < deadline:
+        if path.exists():
+            return json.loads(path.read_text())["address"]
+        if stop_file(cfg).exists():
+            raise RuntimeError(f"the head stopped before publishing its address ({stop_file(cfg)} exists)")
+        time.sleep(0.5)
+    raise TimeoutError(
+        f"rank {cfg.rank}: no Ray head address in {path} after {cfg.register_timeout_s:.0f} s; "
+        f"is the job folder shared between nodes, and did rank 0 (host {cfg.head_host}) start?"
+    )
+
+
+def run_worker(cfg: BootstrapConfig) -> int:
+    address = read_head_address(cfg)
+    node = RayNode(cfg, head_address=address)
+    head_gone_since: float | None = None
+    try:
+        node.start()
+        log(cfg.rank, f"joining Ray head {address} (log {node.log_path})")
+        while not stop_file(cfg).exists():
+            if not node.alive():
+                if stop_file(cfg).exists():
+                    break
+                raise RuntimeError(f"rank {cfg.rank}: `ray start` exited with code {node.proc.returncode}; {node.log_hint()}")
+            # Without a shared stop signal (head killed hard), leave once the head is unreachable for a while.
+            if port_open(address):
+                head_gone_since = None
+            elif head_gone_since is None:
+                head_gone_since = time.monotonic()
+            elif time.monotonic() - head_gone_since > HEAD_GONE_GRACE_S:
+                log(cfg.rank, f"head {address} unreachable for {HEAD_GONE_GRACE_S:.0f} s; leaving")
+                break
+            time.sleep(1.0)
+        return 0
+    finally:
+        node.stop()
+        log(cfg.rank, "Ray node stopped")
+
+
+def run(cfg: BootstrapConfig) -> int:
+    """Runs this node's part; returns the recipe command's exit code on rank 0, 0 on clean worker exit."""
+    cfg.job_dir.mkdir(parents=True, exist_ok=True)
+    return run_head(cfg) if cfg.rank == 0 else run_worker(cfg)
+
+
+def raise_on_sigterm() -> None:
+    """Turn SIGTERM (scancel, TorchX cancel, Slurm time limit) into SystemExit so `finally` tears Ray down.
+    Not used under submitit, which installs its own handlers (USR2 checkpoints and requeues)."""
+
+    def handler(signum: int, frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, handler)
+
+
+def env_topology(head_env: str | None) -> tuple[int, int, str, list[str]]:
+    """(num_nodes, rank, head_host, hostnames) from Slurm's environment, or one local node."""
+    nodelist = os.environ.get(head_env, "") if head_env else ""
+    hostnames = expand_nodelist(os.environ.get("SLURM_JOB_NODELIST", ""))
+    head = expand_nodelist(nodelist)[0] if nodelist else (hostnames[0] if hostnames else "127.0.0.1")
+    num_nodes = int(os.environ.get("SLURM_JOB_NUM_NODES", os.environ.get("SLURM_NNODES", "1")))
+    rank = int(os.environ.get("SLURM_NODEID", "0"))
+    return num_nodes, rank, head, hostnames
+
+
+def parse_args(argv: Sequence[str]) -> BootstrapConfig:
+    argv = list(argv)
+    command = argv[argv.index("--") + 1 :] if "--" in argv else []
+    own = argv[: argv.index("--")] if "--" in argv else argv
+    p = argparse.ArgumentParser(prog="python -m jobs.bootstrap", description=__doc__.split("\n")[0])
+    p.add_argument("--job-dir", required=True, help="shared folder of this job (address files, logs, checkpoints)")
+    p.add_argument("--nnodes", type=int, help="number of nodes (default: SLURM_JOB_NUM_NODES, else 1)")
+    p.add_argument("--rank", type=int, help="this node's rank (default: SLURM_NODEID, else 0)")
+    p.add_argument("--head-env", help="env var holding the head host or nodelist (TorchX: its rank0_env macro)")
+    p.add_argument("--num-cpus", type=int)
+    p.add_argument("--num-gpus", type=int)
+    p.add_argument("--resources", default="{}", help="JSON custom Ray resources of this node")
+    p.add_argument("--ray-args", default="", help="extra `ray start` flags, one shell-quoted string")
+    p.add_argument("--register-timeout-s", type=float, default=300.0)
+    p.add_argument("--recipe")
+    p.add_argument("--tracking-uri")
+    p.add_argument("--workdir")
+    a = p.parse_args(own)
+    num_nodes, rank, head, hostnames = env_topology(a.head_env)
+    try:
+        resources = json.loads(a.resources)
+    except json.JSONDecodeError as err:
+        p.error(f"--resources={a.resources!r} is not JSON: {err}")
+    return BootstrapConfig(
+        command=command, job_dir=Path(a.job_dir),
+        num_nodes=a.nnodes if a.nnodes is not None else num_nodes,
+        rank=a.rank if a.rank is not None else rank,
+        head_host=head, hostnames=hostnames, num_cpus=a.num_cpus, num_gpus=a.num_gpus,
+        resources=resources, ray_args=shlex.split(a.ray_args), register_timeout_s=a.register_timeout_s,
+        recipe=a.recipe, tracking_uri=a.tracking_uri, workdir=Path(a.workdir) if a.workdir else None,
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    cfg = parse_args(sys.argv[1:] if argv is None else argv)
+    raise_on_sigterm()
+    return run(cfg)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
