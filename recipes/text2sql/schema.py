@@ -58,6 +58,8 @@ def _literal(v: object) -> str:
         return "'" + s.replace("'", "''").replace("\n", " ") + "'"
     if isinstance(v, bytes):
         return "<blob>"
+    if isinstance(v, float):
+        return repr(round(v, 6))  # 10.357019999999999 reads as 10.35702; samples only illustrate
     return repr(v)
 
 

@@ -1,0 +1,156 @@
+"""Text-to-SQL recipe (BIRD): data, prompt, execution-match reward. See README.md.
+
+    from recipes import text2sql
+    examples = text2sql.load_examples("train", schema_tables="relevant", num_shots=2, prefill=True)
+    text2sql.reward(examples[0]["assistant_prefix"] + " COUNT(*) FROM Artist\\n", examples[0])
+
+`load_examples(split, **options)` options (the run config's `recipe.options`):
+    data_dir        a BIRD-layout folder; unset = the bundled mini set, built on first use
+    cache_dir       where the mini set is built (default ~/.cache/arctic-rl/text2sql-mini)
+    schema_tables   "all" (default) | "relevant": only the tables the gold SQL reads
+    num_shots       worked examples from the train split before the question (default 0)
+    prefill         pre-fill the assistant turn with "```sql\\nSELECT" (sample with stop "```")
+    num_values      sample values shown per column (default 3)
+    difficulties    keep only these difficulties, e.g. ["simple"]
+    limit           keep the first N examples (after filtering)
+    seed            picks the worked examples (default 0)
+    execution_credit, format_credit, timeout_s, transpile   the reward's options (reward.py)
+"""
+from __future__ import annotations
+
+import random
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+# Imported eagerly, before `def reward` below: importing a submodule sets it as an attribute of
+# this package, so a lazy `import recipes.text2sql.reward` would replace the `reward` function
+# with the module. Imported first, the function defined afterwards wins for good.
+from recipes.text2sql.reward import RewardOptions, score
+
+SCHEMA_TABLES = ("all", "relevant")
+
+
+@dataclass(frozen=True)
+class Text2SQLOptions:
+    data_dir: str | None = None
+    cache_dir: str | None = None
+    schema_tables: str = "all"
+    num_shots: int = 0
+    prefill: bool = False
+    num_values: int = 3
+    difficulties: tuple[str, ...] | None = None
+    limit: int | None = None
+    seed: int = 0
+    execution_credit: float = 0.1
+    format_credit: float = 0.0
+    timeout_s: float = 30.0
+    transpile: bool = True
+
+    def __post_init__(self) -> None:
+        if self.schema_tables not in SCHEMA_TABLES:
+            raise ValueError(f"recipe option schema_tables must be one of {SCHEMA_TABLES}, got {self.schema_tables!r}")
+        for name in ("num_shots", "num_values"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+                raise ValueError(f"recipe option {name} must be an integer >= 0, got {v!r}")
+        if not isinstance(self.prefill, bool):
+            raise ValueError(f"recipe option prefill must be true or false, got {self.prefill!r}")
+        if self.limit is not None and (not isinstance(self.limit, int) or self.limit < 1):
+            raise ValueError(f"recipe option limit must be an integer >= 1 or unset, got {self.limit!r}")
+        if isinstance(self.difficulties, str):
+            raise ValueError(f"recipe option difficulties must be a list, got the string {self.difficulties!r}")
+
+    @classmethod
+    def from_dict(cls, options: Mapping[str, Any]) -> Text2SQLOptions:
+        known = [f.name for f in fields(cls)]
+        unknown = sorted(set(options) - set(known))
+        if unknown:
+            raise ValueError(f"unknown text2sql recipe option(s) {unknown}; known: {known}")
+        opts = dict(options)
+        if opts.get("difficulties") is not None and not isinstance(opts["difficulties"], str):
+            opts["difficulties"] = tuple(opts["difficulties"])
+        return cls(**opts)
+
+    def reward_options(self) -> dict[str, Any]:
+        opts = {f.name: getattr(self, f.name) for f in fields(RewardOptions)}
+        RewardOptions.from_dict(opts)  # validates now, not at the first reward
+        return opts
+
+
+def load_examples(split: str, **options: Any) -> list[dict]:
+    """Examples of `split` ("train" | "dev" | ...) with chat `messages`, optional
+    `assistant_prefix`, and what the reward needs (`db_path`, `gold_sql`, `alt_sql`,
+    `reward_options`), plus BIRD's `question_id`, `db_id`, `question`, `evidence`, `difficulty`."""
+    from recipes.text2sql.build_data import ensure_mini_data
+    from recipes.text2sql.data import load_bird_split
+    from recipes.text2sql.prompt import PREFILL, Shot, build_messages
+    from recipes.text2sql.schema import tables_in_sql
+
+    opts = Text2SQLOptions.from_dict(options)
+    data_dir = Path(opts.data_dir).expanduser() if opts.data_dir else ensure_mini_data(opts.cache_dir)
+    bird = load_bird_split(data_dir, split)
+    records = bird.records
+    if opts.difficulties is not None:
+        records = [r for r in records if r["difficulty"] in opts.difficulties]
+    if opts.limit is not None:
+        records = records[: opts.limit]
+    shot_split = bird if (split == "train" or opts.num_shots == 0) else load_bird_split(data_dir, "train")
+    shot_pool = _ShotPool(shot_split.records)
+    reward_options = opts.reward_options()
+    examples = []
+    for rec in records:
+        db_path = bird.db_path(rec["db_id"])
+        tables = tables_in_sql(rec["SQL"], db_path) if opts.schema_tables == "relevant" else None
+        shots = [Shot(s["question"], s["evidence"], s["SQL"], shot_split.db_path(s["db_id"]))
+                 for s in shot_pool.pick(rec, split, opts.num_shots, opts.seed)]
+        ex = {
+            "messages": build_messages(rec["question"], rec["evidence"], db_path, tables, shots,
+                                       opts.prefill, opts.num_values),
+            "question_id": rec["question_id"], "db_id": rec["db_id"], "db_path": str(db_path),
+            "question": rec["question"], "evidence": rec["evidence"], "gold_sql": rec["SQL"],
+            "alt_sql": rec["alt_SQL"], "difficulty": rec["difficulty"], "reward_options": reward_options,
+        }
+        if opts.prefill:
+            ex["assistant_prefix"] = PREFILL
+        examples.append(ex)
+    return examples
+
+
+class _ShotPool:
+    """Worked-example candidates, indexed by database and difficulty (BIRD train has 9k rows)."""
+
+    def __init__(self, records: Sequence[dict]) -> None:
+        self.same_db_simple: dict[str, list[dict]] = {}
+        self.same_db_other: dict[str, list[dict]] = {}
+        self.records = list(records)
+        for r in self.records:
+            tier = self.same_db_simple if r["difficulty"] in ("simple", "unknown") else self.same_db_other
+            tier.setdefault(r["db_id"], []).append(r)
+
+    def pick(self, rec: dict, split: str, num_shots: int, seed: int) -> list[dict]:
+        """`num_shots` worked examples for `rec`, never `rec` itself: simple questions on the same
+        database first, then harder ones there, then any others; the same choice every run."""
+        if num_shots == 0:
+            return []
+        rng = random.Random(f"{seed}:{split}:{rec['question_id']}")
+        chosen: list[dict] = []
+        tiers = (self.same_db_simple.get(rec["db_id"], []), self.same_db_other.get(rec["db_id"], []),
+                 self.records)
+        for tier in tiers:
+            # Sampling a few more than needed is enough to skip `rec` and earlier picks cheaply.
+            for cand in rng.sample(tier, min(len(tier), num_shots + len(chosen) + 1)):
+                if len(chosen) == num_shots:
+                    return chosen
+                if cand["question"] != rec["question"] and all(cand is not c for c in chosen):
+                    chosen.append(cand)
+        return chosen
+
+
+def reward(completion: str, example: dict) -> float:
+    """Execution match against the gold SQL (1.0), with small credits (see reward.py)."""
+    return score(completion, example)
+
+
+__all__ = ["Text2SQLOptions", "load_examples", "reward"]
