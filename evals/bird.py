@@ -106,8 +106,9 @@ def _report(records: Sequence[dict], correct: dict[int, bool], missing: list[int
     return report
 
 
-def print_report(report: dict[str, Any], out: Any = sys.stdout) -> None:
+def print_report(report: dict[str, Any], out: Any = None) -> None:
     """BIRD's table: one row of counts, one of accuracies, per difficulty and in total."""
+    out = out or sys.stdout  # looked up per call, so redirected stdout is honoured
     cols = [*report["by_difficulty"], "total"]
     counts = [report["by_difficulty"][d]["count"] for d in report["by_difficulty"]] + [report["count"]]
     accs = [report["by_difficulty"][d]["ex"] for d in report["by_difficulty"]] + [report["ex"]]
