@@ -23,6 +23,8 @@ from typing import Any, Iterable
 
 import torch
 
+from arctic_rl.errors import BatchFormatError
+
 Batch = dict[str, Any]
 
 FLOAT_KEYS = ("old_log_probs", "advantages", "ref_log_prob", "rollout_log_probs")
@@ -31,7 +33,7 @@ LOG_PROBS_KEYS = ("input_ids", "attention_mask", "responses")
 TRAIN_KEYS = ("input_ids", "attention_mask", "responses", "response_mask")
 
 
-class BatchError(ValueError):
+class BatchError(BatchFormatError):
     """A malformed batch: the message names the key, what it expected and what it got."""
 
 
@@ -134,3 +136,27 @@ def split_micro_batches(batch: Batch, max_rows: int) -> list[list[int]]:
     if cur:
         out.append(cur)
     return out
+
+
+def from_samples(samples: list[dict], uids: list, pad_token_id: int = 0) -> Batch:
+    """A verl-layout batch from `generate` samples: prompts left-padded, responses right-padded.
+    Adds `rollout_log_probs` (the sampler's log-probs) and `uid`; the caller adds advantages etc."""
+    if len(samples) != len(uids):
+        raise BatchError(f"got {len(samples)} samples but {len(uids)} uids")
+    P = max(len(s["prompt_token_ids"]) for s in samples)
+    R = max(1, max(len(s["token_ids"]) for s in samples))
+    B = len(samples)
+    ids = torch.full((B, P + R), pad_token_id, dtype=torch.long)
+    attn = torch.zeros(B, P + R, dtype=torch.long)
+    rlp = torch.zeros(B, R)
+    for i, s in enumerate(samples):
+        p, r = s["prompt_token_ids"], s["token_ids"]
+        ids[i, P - len(p):P] = torch.tensor(p, dtype=torch.long)
+        attn[i, P - len(p):P] = 1
+        if r:
+            ids[i, P:P + len(r)] = torch.tensor(r, dtype=torch.long)
+            attn[i, P:P + len(r)] = 1
+            if s.get("logprobs"):
+                rlp[i, :len(r)] = torch.tensor(s["logprobs"], dtype=torch.float32)
+    return {"input_ids": ids, "attention_mask": attn, "responses": ids[:, P:].clone(),
+            "response_mask": attn[:, P:].clone(), "rollout_log_probs": rlp, "uid": list(uids)}

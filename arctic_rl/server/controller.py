@@ -1,0 +1,365 @@
+"""The controller: one detached, named Ray actor per deployment. It owns the engine actors,
+validates every request, splits batches over workers and turns engine failures into typed errors.
+
+Both transports end here: the Ray client calls its methods directly, the HTTP server forwards to it.
+Ops on different engines may run at once (generate while training: the async pipeline); ops on the
+same engine are serialized by that engine's lock.
+"""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import threading
+import time
+import traceback
+from pathlib import Path
+from typing import Any, Callable
+
+import ray
+import torch
+
+from arctic_rl.batch import LOG_PROBS_KEYS, TRAIN_KEYS, Batch, select_rows, split_micro_batches, validate_batch
+from arctic_rl.config import ArcticRLClientConfig, forget_deployment
+from arctic_rl.errors import (ArcticRLError, BatchFormatError, ConfigError, EngineDeadError, EngineError,
+                              UnknownNameError, WeightSyncError)
+
+ENGINES = ("training", "log_prob", "sampling")
+NAMESPACE = "arctic-rl"
+PING_TIMEOUT_S = 10.0
+# fused vLLM parameter -> the HF parameters it concatenates (sums of squares add up)
+FUSED = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
+
+
+def controller_name(job_id: str) -> str:
+    return f"controller-{job_id}"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _actor_options(cfg: ArcticRLClientConfig, share: float) -> dict:
+    """GPU clusters: a fraction of a GPU per actor (colocated engines share devices). CPU: no CPU
+    reservation (all engines share the cores) and SPREAD, so multi-node CPU clusters use every node."""
+    if ray.cluster_resources().get("GPU", 0) > 0:
+        return {"num_gpus": share, "num_cpus": 1}
+    return {"num_cpus": 0, "scheduling_strategy": "SPREAD"}
+
+
+class Controller:
+    def __init__(self, config_json: str):
+        from arctic_rl.engines.sampling import SamplingWorker
+        from arctic_rl.engines.training import TrainingWorker
+
+        self.cfg = ArcticRLClientConfig.from_json(config_json)
+        cfg = self.cfg
+        self.job_id = cfg.job_id
+        self.locks = {e: threading.Lock() for e in ENGINES}
+        self.step = 0
+        share = 0.5 if cfg.colocate else 1.0
+        env = {"env_vars": {"TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "")}}
+        env["env_vars"] = {k: v for k, v in env["env_vars"].items() if v}
+        train_cls = ray.remote(TrainingWorker).options(runtime_env=env, **_actor_options(cfg, share))
+        port = _free_port()
+        self.trainers = [train_cls.remote(cfg.to_json(), r, cfg.training_gpus, "127.0.0.1", port, True)
+                         for r in range(cfg.training_gpus)]
+        # The reference model: dedicated workers, or one worker sharing the trainer's devices.
+        n_ref = cfg.log_prob_gpus or 1
+        ref_port = _free_port()
+        self.ref = [train_cls.remote(cfg.to_json(), r, n_ref, "127.0.0.1", ref_port, False) for r in range(n_ref)]
+        sample_cls = ray.remote(SamplingWorker).options(runtime_env=env, **_actor_options(
+            cfg, share * cfg.vllm_config.tensor_parallel_size))
+        self.samplers = [sample_cls.remote(cfg.to_json(), i) for i in range(cfg.num_sampling_replicas)]
+        self.groups = {"training": self.trainers, "log_prob": self.ref, "sampling": self.samplers}
+        self.asleep = {e: False for e in ENGINES}
+        # Wait for every engine; an engine that fails to start fails the deployment with its message.
+        for engine, actors in self.groups.items():
+            self._get([a.ping.remote() for a in actors], engine, timeout=None)
+
+    # -- plumbing ------------------------------------------------------------------------------------------
+    def _get(self, refs, engine: str, timeout: float | None = None):
+        try:
+            return ray.get(refs, timeout=timeout or self.cfg.request_timeout_s)
+        except ray.exceptions.GetTimeoutError:
+            raise EngineDeadError(f"{engine} engine did not answer within {timeout or self.cfg.request_timeout_s}s") from None
+        except ray.exceptions.RayActorError as e:
+            raise EngineDeadError(f"{engine} engine worker died: {str(e).splitlines()[0]}") from None
+        except ray.exceptions.RayTaskError as e:
+            cause = e.cause
+            if isinstance(cause, ArcticRLError):
+                raise type(cause)(str(cause)) from None
+            if isinstance(cause, (ValueError, KeyError, TypeError)):
+                raise BatchFormatError(f"{engine} engine rejected the request: {type(cause).__name__}: {cause}") from None
+            tail = "".join(traceback.format_exception_only(type(cause), cause)).strip() if cause else str(e)
+            raise EngineError(f"{engine} engine failed: {tail}") from None
+
+    def _locked(self, *engines: str) -> "_MultiLock":
+        for e in engines:
+            if self.asleep[e]:
+                raise EngineError(f"the {e} engine is asleep: call wake({e!r}) first")
+        return _MultiLock([self.locks[e] for e in engines])
+
+    def _deal(self, batch: Batch, num_ranks: int, micro_rows: int) -> tuple[list[list[Batch | None]], list[list[int]]]:
+        """Micro-batches (never splitting a prompt group) dealt round-robin to ranks and padded with
+        None so every rank runs the same number of passes (ZeRO-3 gathers collectively)."""
+        mbs = split_micro_batches(batch, micro_rows)
+        per_rank: list[list[Batch | None]] = [[] for _ in range(num_ranks)]
+        rows: list[list[int]] = [[] for _ in range(num_ranks)]
+        for i, r in enumerate(mbs):
+            per_rank[i % num_ranks].append(select_rows(batch, r))
+            rows[i % num_ranks].append(r)
+        depth = max(len(p) for p in per_rank)
+        for p in per_rank:
+            p.extend([None] * (depth - len(p)))
+        return per_rank, rows
+
+    # -- ops -------------------------------------------------------------------------------------------------
+    def ready(self) -> str:
+        return self.job_id
+
+    def config_json(self) -> str:
+        return self.cfg.to_json()
+
+    def generate(self, prompts: list, sampling_params: dict) -> list[dict]:
+        from arctic_rl.engines.sampling import check_sampling_params
+        if not isinstance(prompts, list) or not prompts:
+            raise BatchFormatError(f"prompts must be a non-empty list of strings or token-id lists, got {type(prompts).__name__}")
+        for i, p in enumerate(prompts):
+            if not (isinstance(p, str) and p) and not (isinstance(p, list) and p and all(isinstance(t, int) for t in p)):
+                raise BatchFormatError(f"prompts[{i}] must be a non-empty string or list of ints, got {p!r:.80}")
+        try:
+            params = check_sampling_params(dict(sampling_params or {}))
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+        with self._locked("sampling"):
+            # Router: contiguous slices, so all n samples of a prompt (and neighbouring prompts that
+            # often share a prefix) stay on one replica and its prefix cache.
+            k = len(self.samplers)
+            bounds = [len(prompts) * i // k for i in range(k + 1)]
+            refs = [(s, self.samplers[i].generate.remote(prompts[s:e], params))
+                    for i, (s, e) in enumerate(zip(bounds, bounds[1:])) if e > s]
+            outs = self._get([r for _, r in refs], "sampling")
+        return [sample for part in outs for group in part for sample in group]
+
+    def log_probs(self, batch: Batch, reference: bool = False, compute_entropy: bool = False,
+                  temperature: float = 1.0) -> dict[str, torch.Tensor]:
+        B, P, R = validate_batch(batch, LOG_PROBS_KEYS)
+        if temperature <= 0:
+            raise ConfigError(f"temperature must be > 0, got {temperature!r}")
+        engine = "log_prob" if reference else "training"
+        actors = self.ref if reference else self.trainers
+        per_rank, rows = self._deal(batch, len(actors), self.cfg.training_config.micro_batch_size)
+        pp = {"compute_entropy": compute_entropy, "temperature": temperature}
+        with self._locked(engine):
+            outs = self._get([a.log_probs.remote(mbs, pp) for a, mbs in zip(actors, per_rank)], engine)
+        keys = ["log_probs"] + (["entropy"] if compute_entropy else [])
+        result = {k: torch.zeros(B, R) for k in keys}
+        for rank_out, rank_rows in zip(outs, rows):
+            for mb_out, r in zip(rank_out, rank_rows):
+                for k in keys:
+                    result[k][torch.tensor(r)] = mb_out[k]
+        return result
+
+    def forward_backward(self, batch: Batch, loss_fn: str = "grpo", loss_config: dict | None = None) -> dict[str, float]:
+        from arctic_rl.losses import resolve_loss_fn
+        try:
+            resolve_loss_fn(loss_fn)
+        except ValueError as e:
+            raise UnknownNameError(str(e)) from None
+        B, P, R = validate_batch(batch, TRAIN_KEYS)
+        cfg = dict(loss_config or {})
+        mask = batch["response_mask"]
+        cfg.setdefault("global_num_tokens", float(mask.sum()))
+        cfg.setdefault("global_num_seqs", float((mask.sum(-1) > 0).sum()))
+        # The loss's own checks (unknown keys, missing batch keys) run here first, on one row, so a bad
+        # request fails before any worker computed gradients.
+        self._dry_run_loss(loss_fn, batch, cfg)
+        per_rank, _ = self._deal(batch, len(self.trainers), self.cfg.training_config.micro_batch_size)
+        t0 = time.time()
+        with self._locked("training"):
+            outs = self._get([a.forward_backward.remote(mbs, loss_fn, cfg) for a, mbs in zip(self.trainers, per_rank)],
+                             "training")
+        metrics = _reduce_metrics([m for rank in outs for m in rank])
+        metrics["timing/forward_backward_s"] = time.time() - t0
+        metrics["num_tokens"] = float(mask.sum())
+        return metrics
+
+    def _dry_run_loss(self, loss_fn: str, batch: Batch, cfg: dict) -> None:
+        from arctic_rl.losses import resolve_loss_fn
+        B, P, R = batch["input_ids"].shape[0], 0, batch["responses"].shape[1]
+        one = select_rows(batch, [0])
+        outputs = {"log_probs": torch.zeros(1, R), "entropy": torch.zeros(1, R)}
+        try:
+            resolve_loss_fn(loss_fn)(outputs, one, cfg)
+        except (ValueError, KeyError, TypeError) as e:
+            raise ConfigError(f"loss {loss_fn!r} rejected the request: {e}") from None
+
+    def optimizer_step(self) -> dict[str, float]:
+        with self._locked("training"):
+            outs = self._get([a.optimizer_step.remote() for a in self.trainers], "training")
+        self.step += 1
+        return {**outs[0], "step": self.step}
+
+    def sync_weights(self) -> dict[str, float]:
+        t0 = time.time()
+        with self._locked("training", "sampling"):
+            pairs = [a.full_state_and_norms.options(num_returns=2).remote() for a in self.trainers]
+            state_ref, norms_ref = pairs[0]
+            self._get([p[1] for p in pairs], "training")  # every rank took part (ZeRO-3 gathers)
+            t_gather = time.time() - t0
+            secs = self._get([s.update_weights.remote(state_ref) for s in self.samplers], "sampling")
+            trainer_norms = ray.get(norms_ref)
+            sampler_norms = self._get([s.weight_sq_norms.remote() for s in self.samplers], "sampling")
+        checked, worst = 0, 0.0
+        for sn in sampler_norms:
+            c, w = _compare_norms(trainer_norms, sn)
+            checked, worst = c, max(worst, w)
+        tol = 1e-4
+        if worst > tol:
+            raise WeightSyncError(f"sampler weights disagree with the trainer's after sync: max relative "
+                                  f"difference of squared norms {worst:.3g} > {tol} over {checked} tensors")
+        probe = self._probe_log_prob_diff()
+        return {"sync_s": time.time() - t0, "gather_s": t_gather, "load_s": max(secs),
+                "norm_checked_tensors": checked, "norm_max_rel_diff": worst, "probe_max_abs_logprob_diff": probe}
+
+    def _probe_log_prob_diff(self) -> float:
+        """Sampler vs trainer log-probs of one fixed 32-token sequence: covers the weights vLLM-CPU
+        repacks out of sight of the norm check."""
+        tol = 1e-3 if self.cfg.training_config.dtype == "float32" else 0.1
+        seq = [(7 * i + 3) % 256 + 1 for i in range(32)]
+        P = 8
+        ids = torch.tensor([seq])
+        batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "responses": ids[:, P:]}
+        trainer = self.log_probs(batch)["log_probs"][0]
+        sampler = torch.tensor(self._get(self.samplers[0].score.remote([seq], [P]), "sampling")[0])
+        diff = float((trainer - sampler).abs().max())
+        if diff > tol:
+            raise WeightSyncError(f"after sync the sampler's log-probs differ from the trainer's by {diff:.3g} "
+                                  f"(tolerance {tol} for {self.cfg.training_config.dtype})")
+        return diff
+
+    def sampler_log_probs(self, sequences: list[list[int]], prompt_lens: list[int]) -> list[list[float]]:
+        """The sampler's log-probs of given tokens (checks, and vLLM-side log-prob engines)."""
+        if len(sequences) != len(prompt_lens):
+            raise BatchFormatError(f"sequences ({len(sequences)}) and prompt_lens ({len(prompt_lens)}) differ in length")
+        with self._locked("sampling"):
+            return self._get(self.samplers[0].score.remote(sequences, prompt_lens), "sampling")
+
+    def update_reference(self) -> dict[str, float]:
+        """reference := current policy (for recipes that refresh their KL anchor)."""
+        t0 = time.time()
+        with self._locked("training", "log_prob"):
+            pairs = [a.full_state_and_norms.options(num_returns=2).remote() for a in self.trainers]
+            self._get([p[1] for p in pairs], "training")
+            self._get([r.load_state_dict.remote(pairs[0][0]) for r in self.ref], "log_prob")
+        return {"update_reference_s": time.time() - t0}
+
+    def sleep(self, engine: str) -> dict:
+        return self._sleep_wake(engine, True)
+
+    def wake(self, engine: str) -> dict:
+        return self._sleep_wake(engine, False)
+
+    def _sleep_wake(self, engine: str, sleep: bool) -> dict:
+        if engine not in ENGINES:
+            raise UnknownNameError(f"unknown engine {engine!r}; known: {list(ENGINES)}")
+        with self.locks[engine]:
+            if engine == "sampling":
+                self._get([s.sleep.remote() if sleep else s.wake.remote() for s in self.samplers], engine)
+            self.asleep[engine] = sleep
+        return {"engine": engine, "asleep": sleep}
+
+    def save_checkpoint(self, path: str) -> dict:
+        path = str(Path(path).expanduser().resolve())
+        Path(path).mkdir(parents=True, exist_ok=True)
+        with self._locked("training"):
+            self._get([a.save_checkpoint.remote(path) for a in self.trainers], "training")
+        meta = {"step": self.step, "job_id": self.job_id, "config": json.loads(self.cfg.to_json())}
+        tmp = Path(path) / "arctic_rl.json.tmp"
+        tmp.write_text(json.dumps(meta, indent=1))
+        tmp.rename(Path(path) / "arctic_rl.json")
+        return {"path": path, "step": self.step}
+
+    def load_checkpoint(self, path: str) -> dict:
+        path = str(Path(path).expanduser().resolve())
+        meta_path = Path(path) / "arctic_rl.json"
+        if not meta_path.exists():
+            raise ConfigError(f"not an arctic-rl checkpoint: {meta_path} does not exist")
+        meta = json.loads(meta_path.read_text())
+        with self._locked("training"):
+            self._get([a.load_checkpoint.remote(path) for a in self.trainers], "training")
+        self.step = int(meta["step"])
+        return {"path": path, "step": self.step}
+
+    def health(self) -> dict:
+        engines: dict[str, dict] = {}
+        for engine, actors in self.groups.items():
+            for i, a in enumerate(actors):
+                name = f"{engine}[{i}]"
+                try:
+                    engines[name] = {"ok": True, **ray.get(a.ping.remote(), timeout=PING_TIMEOUT_S)}
+                except ray.exceptions.GetTimeoutError:
+                    engines[name] = {"ok": None, "error": f"busy or hung: no answer in {PING_TIMEOUT_S}s"}
+                except Exception as e:  # a dead actor raises RayActorError; report, don't crash health
+                    engines[name] = {"ok": False, "error": str(e).splitlines()[0]}
+        dead = [n for n, v in engines.items() if v["ok"] is False]
+        return {"ok": not dead, "job_id": self.job_id, "step": self.step, "dead": dead, "engines": engines}
+
+    def reconnect_config(self) -> str:
+        return self.cfg.to_json()
+
+    def shutdown(self) -> str:
+        """Kills the engines, forgets the deployment, and ends this actor right after answering."""
+        for actors in self.groups.values():
+            for a in actors:
+                ray.kill(a)
+        forget_deployment(self.job_id)
+        me = ray.get_runtime_context().current_actor
+        threading.Timer(0.5, lambda: ray.kill(me)).start()
+        return "ok"
+
+
+class _MultiLock:
+    def __init__(self, locks: list[threading.Lock]):
+        self.locks = locks
+
+    def __enter__(self):
+        for lock in self.locks:
+            lock.acquire()
+
+    def __exit__(self, *exc):
+        for lock in reversed(self.locks):
+            lock.release()
+
+
+def _reduce_metrics(per_mb: list[dict]) -> dict[str, float]:
+    """Metrics normalized by the global counts (SUM_METRICS, and the loss) add up over micro-batches;
+    the rest are per-micro-batch means and are averaged, as verl does."""
+    from arctic_rl.losses.grpo import SUM_METRICS
+    out: dict[str, float] = {}
+    keys = {k for m in per_mb for k in m}
+    for k in keys:
+        vals = [m[k] for m in per_mb if k in m]
+        out[k] = sum(vals) if (k in SUM_METRICS or k == "loss") else sum(vals) / len(vals)
+    return out
+
+
+def _compare_norms(trainer: dict[str, float], sampler: dict[str, float]) -> tuple[int, float]:
+    checked, worst = 0, 0.0
+    for name, sq in sampler.items():
+        parts = [name]
+        for fused, pieces in FUSED.items():
+            if f".{fused}." in name:
+                parts = [name.replace(fused, p) for p in pieces]
+        if not all(p in trainer for p in parts):
+            continue
+        ref = sum(trainer[p] for p in parts)
+        worst = max(worst, abs(ref - sq) / max(ref, 1e-12))
+        checked += 1
+    if checked == 0:
+        raise WeightSyncError(f"no sampler parameter matched a trainer parameter by name "
+                              f"(sampler: {sorted(sampler)[:4]}..., trainer: {sorted(trainer)[:4]}...)")
+    return checked, worst

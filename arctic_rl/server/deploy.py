@@ -1,0 +1,45 @@
+"""Bring a deployment up (or find a running one) on the current Ray cluster, and record it."""
+from __future__ import annotations
+
+import os
+import time
+
+import ray
+
+from arctic_rl.config import ArcticRLClientConfig, record_deployment
+from arctic_rl.errors import ConfigError, EngineDeadError
+from arctic_rl.server.controller import NAMESPACE, Controller, controller_name
+
+
+def init_ray(cfg: ArcticRLClientConfig) -> str:
+    """Connects to cfg.ray_address / RAY_ADDRESS, or starts a local Ray; returns the GCS address."""
+    if not ray.is_initialized():
+        address = cfg.ray_address or os.environ.get("RAY_ADDRESS")
+        ray.init(address=address, namespace=NAMESPACE, ignore_reinit_error=True, log_to_driver=False,
+                 include_dashboard=False, **({} if address else {"num_cpus": os.cpu_count()}))
+    return ray.get_runtime_context().gcs_address
+
+
+def deploy(cfg: ArcticRLClientConfig) -> tuple[ArcticRLClientConfig, "ray.actor.ActorHandle"]:
+    """Returns (config with job_id and ray_address, controller handle). With cfg.job_id set, attaches."""
+    address = init_ray(cfg)
+    if cfg.job_id:
+        try:
+            handle = ray.get_actor(controller_name(cfg.job_id), namespace=NAMESPACE)
+        except ValueError:
+            raise EngineDeadError(f"no running deployment with job_id {cfg.job_id!r} on Ray cluster {address}") from None
+        return cfg, handle
+    cfg = cfg.with_new_job_id().model_copy(update={"ray_address": address})
+    t0 = time.time()
+    handle = ray.remote(Controller).options(
+        name=controller_name(cfg.job_id), namespace=NAMESPACE, lifetime="detached", max_concurrency=16,
+        num_cpus=0).remote(cfg.to_json())
+    try:
+        ray.get(handle.ready.remote())
+    except ray.exceptions.RayActorError as e:
+        ray.kill(handle)
+        cause = getattr(e, "cause", None) or e
+        raise ConfigError(f"the deployment failed to start: {str(cause).strip().splitlines()[-1]}") from None
+    record_deployment(cfg)
+    print(f"[arctic-rl] job {cfg.job_id} up in {time.time() - t0:.1f}s on {address}", flush=True)
+    return cfg, handle
