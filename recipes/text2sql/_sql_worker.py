@@ -13,7 +13,7 @@ only one query at a time. The guards, each enough on its own against writes:
      transactions, extension loading;
   4. ATTACH is limited to 0 databases, extension loading stays disabled.
 Resources: a progress handler enforces the timeout, fetching stops at max_rows + 1, the
-address space is capped (RLIMIT_AS) and SQLite values at 10 MB; whatever still hangs or crashes
+address space is capped (RLIMIT_AS), SQLite values at 10 MB and an answer at 64 MB of JSON; whatever still hangs or crashes
 the process is the parent's to kill and replace.
 """
 from __future__ import annotations
@@ -37,6 +37,8 @@ NON_QUERY_STATEMENTS = {"insert", "replace", "update", "delete", "create", "drop
                         "rollback", "savepoint", "release", "explain", "upsert"}
 MAX_CACHED_CONNECTIONS = 8
 PROGRESS_EVERY_N_OPS = 20_000
+# The parent holds each answer in memory: a result larger than this is refused, not sent.
+MAX_RESPONSE_CHARS = 64 * 1024 * 1024
 
 
 def authorize(action: int, arg1: str | None, arg2: str | None, db: str | None, source: str | None) -> int:
@@ -159,7 +161,11 @@ def main() -> None:
             resp = worker.run(json.loads(line))
         except Exception as e:  # a malformed request must not end the worker
             resp = {"ok": False, "kind": "error", "error": f"worker: {type(e).__name__}: {e}"}
-        out.write(json.dumps(resp) + "\n")
+        text = json.dumps(resp)
+        if len(text) > MAX_RESPONSE_CHARS:
+            text = json.dumps({"ok": False, "kind": "too_many_rows",
+                               "error": f"result is {len(text)} characters as JSON, over {MAX_RESPONSE_CHARS}"})
+        out.write(text + "\n")
         out.flush()
 
 
