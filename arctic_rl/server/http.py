@@ -1,0 +1,141 @@
+"""HTTP front end: `arctic-rl serve` (FastAPI + uvicorn). Every op is `POST /v1/<op>` with a wire
+message (arctic_rl.wire: JSON tree + safetensors; never pickle) holding the op's keyword arguments;
+the answer is a wire message, or JSON {"type", "message"} with a 4xx/5xx status.
+
+Binds to loopback by default; any other host requires a bearer token. Bodies are size-capped and
+parsed defensively: a malformed request gets a 4xx and the server stays healthy.
+"""
+from __future__ import annotations
+
+import argparse
+import hmac
+import inspect
+import json
+import os
+import sys
+import threading
+
+import ray
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+from starlette.concurrency import run_in_threadpool
+
+from arctic_rl import wire
+from arctic_rl.config import ArcticRLClientConfig
+from arctic_rl.errors import ArcticRLError, AuthError, EngineDeadError, EngineError, ProtocolError
+from arctic_rl.server.controller import Controller
+from arctic_rl.server.deploy import deploy
+
+MAX_BODY_BYTES = int(os.environ.get("ARCTIC_RL_MAX_BODY_BYTES", 1 << 30))
+OPS = {name: inspect.signature(getattr(Controller, name)) for name in (
+    "generate", "sampler_log_probs", "log_probs", "forward_backward", "optimizer_step", "sync_weights",
+    "update_reference", "sleep", "wake", "save_checkpoint", "load_checkpoint", "health", "reconnect_config",
+    "shutdown")}
+
+
+def _error(e: ArcticRLError) -> JSONResponse:
+    return JSONResponse({"type": type(e).__name__, "message": str(e)}, status_code=e.http_status)
+
+
+def build_app(handle, cfg: ArcticRLClientConfig, on_shutdown=lambda: None) -> FastAPI:
+    app = FastAPI(title="arctic-rl", version="0.1.0")
+    token = cfg.auth_token
+
+    def check_auth(request: Request) -> None:
+        if token is None:
+            return
+        got = request.headers.get("authorization", "")
+        if not hmac.compare_digest(got.encode(), f"Bearer {token}".encode()):
+            raise AuthError("missing or wrong bearer token (send 'Authorization: Bearer <token>')")
+
+    async def read_body(request: Request) -> dict:
+        declared = request.headers.get("content-length")
+        if declared is not None and (not declared.isdigit() or int(declared) > MAX_BODY_BYTES):
+            raise ProtocolError(f"request body of {declared} bytes exceeds the limit of {MAX_BODY_BYTES}")
+        body = bytearray()
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > MAX_BODY_BYTES:
+                raise ProtocolError(f"request body exceeds the limit of {MAX_BODY_BYTES} bytes")
+        if not body:
+            return {}
+        kwargs = wire.decode(bytes(body))
+        if not isinstance(kwargs, dict):
+            raise ProtocolError(f"request body must encode a dict of arguments, got {type(kwargs).__name__}")
+        return kwargs
+
+    @app.get("/healthz")
+    async def healthz():  # liveness of the HTTP process only; engine health is POST /v1/health
+        return {"ok": True, "job_id": cfg.job_id}
+
+    @app.post("/v1/{op}")
+    async def call(op: str, request: Request):
+        try:
+            check_auth(request)
+            if op not in OPS:
+                return JSONResponse({"type": "ProtocolError", "message": f"unknown op {op!r}; known: {sorted(OPS)}"},
+                                    status_code=404)
+            kwargs = await read_body(request)
+            try:
+                OPS[op].bind(None, **kwargs)
+            except TypeError as e:
+                raise ProtocolError(f"bad arguments for {op}: {e}") from None
+            result = await run_in_threadpool(_call_controller, handle, op, kwargs)
+            if op == "shutdown":
+                threading.Timer(0.5, on_shutdown).start()
+            return Response(wire.encode(result), media_type=wire.CONTENT_TYPE)
+        except ArcticRLError as e:
+            return _error(e)
+
+    return app
+
+
+def _call_controller(handle, op: str, kwargs: dict):
+    try:
+        return ray.get(getattr(handle, op).remote(**kwargs))
+    except ray.exceptions.RayTaskError as e:
+        if isinstance(e.cause, ArcticRLError):
+            raise type(e.cause)(str(e.cause)) from None
+        raise EngineError(str(e).strip().splitlines()[-1]) from None
+    except ray.exceptions.RayActorError as e:
+        if op == "shutdown":
+            return "ok"
+        raise EngineDeadError(f"the controller is gone: {str(e).splitlines()[0]}") from None
+
+
+def main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="arctic-rl serve", description=__doc__.splitlines()[0])
+    p.add_argument("--config", required=True, help="a JSON file or JSON string of ArcticRLClientConfig")
+    p.add_argument("--host", default=None)
+    p.add_argument("--port", type=int, default=None)
+    p.add_argument("--token", default=os.environ.get("ARCTIC_RL_TOKEN"), help="bearer token (or ARCTIC_RL_TOKEN)")
+    a = p.parse_args(argv)
+    raw = a.config if a.config.lstrip().startswith("{") else open(a.config).read()
+    data = json.loads(raw)
+    data["comm_protocol"] = "http"
+    for key, val in (("host", a.host), ("port", a.port), ("auth_token", a.token)):
+        if val is not None:
+            data[key] = val
+    try:
+        cfg, handle = deploy(ArcticRLClientConfig(**data))
+    except ArcticRLError as e:
+        print(f"ARCTIC_RL_ERROR {type(e).__name__}: {e}", flush=True)
+        return 1
+    import uvicorn
+
+    server: uvicorn.Server | None = None
+
+    def stop():
+        if server is not None:
+            server.should_exit = True
+
+    app = build_app(handle, cfg, on_shutdown=stop)
+    print(f"ARCTIC_RL_CONFIG {cfg.to_json()}", flush=True)
+    print(f"[arctic-rl] serving job {cfg.job_id} on http://{cfg.host}:{cfg.port}", flush=True)
+    server = uvicorn.Server(uvicorn.Config(app, host=cfg.host, port=cfg.port, log_level="warning"))
+    server.run()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
