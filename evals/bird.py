@@ -123,8 +123,8 @@ def generate_predictions(examples: Sequence[dict], model_path: str, *, max_token
     """question_id -> SQL, by greedy generation through the arctic-rl client.
 
     UNTESTED: written against the client API of the design (ArcticRLClientConfig,
-    create_arctic_rl_client, client.generate(prompts, sampling) -> per prompt a list of samples
-    with "text") before the client existed. Prompts are the examples' messages with the model's
+    create_arctic_rl_client, client.generate(prompts, sampling) -> samples with "text") before the
+    client could run here. Prompts are the examples' messages with the model's
     chat template applied, plus the example's assistant_prefix; generation stops at the closing
     fence when the prefix opened one.
     """
@@ -151,7 +151,8 @@ def generate_predictions(examples: Sequence[dict], model_path: str, *, max_token
 
 
 def _text(output: Any) -> str:
-    # generate() returns, per prompt, the list of its n samples; accept a bare sample too.
+    # client.generate returns len(prompts) * n samples, prompt-major (n = 1 here): one dict per
+    # prompt; a per-prompt list of samples (the engine-level shape) is accepted too.
     if isinstance(output, list):
         output = output[0]
     return output["text"] if isinstance(output, dict) else str(output)
