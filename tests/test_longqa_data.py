@@ -7,7 +7,8 @@ import pytest
 
 from recipes import longqa
 from recipes.longqa import data
-from recipes.longqa.prompts import LONGBENCH_PROMPTS, format_passages, select_passages, truncate_middle, whitespace_length
+from recipes.longqa.prompts import (LONGBENCH_PROMPTS, format_passages, select_passages, truncate_middle,
+                                    whitespace_length)
 from recipes.longqa.schema import Passage
 
 DATA = Path(__file__).parent / "data" / "longqa"
@@ -23,6 +24,7 @@ def test_hotpotqa_distractor(cache):
     assert bridge.id == "5a8c7595554299585d9e36b6" and bridge.type == "bridge"
     assert bridge.answers == ["Chief of Protocol"]
     assert [p.title for p in bridge.passages if p.is_supporting] == ["Kiss and Tell (1945 film)", "Shirley Temple"]
+    assert bridge.wrong_answers == []  # real HotpotQA has none
     # Sentences carry their leading space, as HotpotQA writes them.
     assert bridge.passages[2].text.endswith("American actress and diplomat. She was named United States Ambassador "
                                             "to Ghana and to Czechoslovakia and also served as Chief of Protocol of "

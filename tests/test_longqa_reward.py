@@ -81,6 +81,18 @@ def test_exact_and_f1_modes():
     assert match_score("the", "the", mode="f1") == 0.0
 
 
+def test_wrong_answers_veto_listing_several_candidates():
+    wrong = ["Brightwater Foods"]
+    listing = "Brightwater Foods was founded earlier, but Redwell Labs was bigger."
+    assert score(listing, ["Redwell Labs"]) == 1.0  # the exploit the veto closes
+    assert score(listing, ["Redwell Labs"], wrong_answers=wrong) == 0.0
+    assert score("Redwell Labs", ["Redwell Labs"], wrong_answers=wrong) == 1.0
+    # A wrong candidate that is part of the gold itself does not veto it.
+    assert score("Velmora Province", ["Velmora Province"], wrong_answers=["Velmora"]) == 1.0
+    # F1 already pays less for the listing; the veto is substring mode's.
+    assert 0 < score(listing, ["Redwell Labs"], mode="f1", wrong_answers=wrong) < 1
+
+
 def test_score_accepts_a_single_answer_string():
     assert score("Velmora", "Velmora") == 1.0
 
@@ -96,3 +108,4 @@ def test_contract_reward_delegates_with_the_examples_mode():
     example = {"answers": ["Paris"], "reward_mode": "f1"}
     assert longqa.reward("Paris France", example) == pytest.approx(2 / 3)
     assert longqa.reward("Paris France", {"answers": ["Paris"]}) == 1.0
+    assert longqa.reward("Paris or Lyon", {"answers": ["Paris"], "wrong_answers": ["Lyon"]}) == 0.0

@@ -41,6 +41,9 @@ def test_answer_is_in_supporting_passages_and_budget_is_kept(filler, hops):
             assert 0 <= index < len(sentences)
         assert budget - 200 < _context_tokens(record) <= budget  # filled to within about one filler passage
         assert synth.QUESTION_TYPES[record["type"]] == hops
+        assert record["wrong_answers"] and record["answer"] not in record["wrong_answers"]
+        context_text = normalize_answer(" ".join("".join(s) for _, s in record["context"]))
+        assert all(f" {normalize_answer(w)} " in f" {context_text} " for w in record["wrong_answers"])
 
 
 def test_difficulty_knobs():
@@ -83,7 +86,9 @@ def test_cli_writes_a_hotpotqa_file_that_loads(tmp_path):
     assert first == second
     assert not [p for p in (tmp_path / "a").iterdir() if p.name != "train.json"]  # no temp file left
     examples = data.load_hotpotqa(tmp_path / "a" / "train.json", cache_dir=str(tmp_path / "cache"))
-    assert [ex.answers[0] for ex in examples] == [r["answer"] for r in json.loads(first)]
+    records = json.loads(first)
+    assert [ex.answers[0] for ex in examples] == [r["answer"] for r in records]
+    assert [ex.wrong_answers for ex in examples] == [r["wrong_answers"] for r in records]
 
 
 def test_default_recipe_is_synthetic_and_splits_differ():
@@ -96,5 +101,6 @@ def test_default_recipe_is_synthetic_and_splits_differ():
         assert whitespace_length(prompt) < 900 + 120  # budget covers passages; the template adds ~80 tokens
         assert ex["answers"][0] in prompt
         assert longqa.reward(ex["answers"][0], ex) == 1.0
+        assert longqa.reward(f"{ex['answers'][0]} or {ex['wrong_answers'][0]}", ex) == 0.0
     with pytest.raises(ValueError, match="split"):
         longqa.load_examples("holdout", num_examples=1)

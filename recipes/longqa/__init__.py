@@ -69,7 +69,8 @@ def load_examples(split: str, **options: Any) -> list[dict]:
 
 
 def reward(completion: str, example: dict) -> float:
-    return score(completion, example["answers"], mode=example.get("reward_mode", "substring"))
+    return score(completion, example["answers"], mode=example.get("reward_mode", "substring"),
+                 wrong_answers=example.get("wrong_answers") or ())
 
 
 def _load_tokenizer(path: str | None) -> Any:
@@ -85,7 +86,8 @@ def _data_path(split: str, data_path: Any) -> str:
             raise ValueError(f"recipe.options.data_path has no entry for split {split!r}; it has {sorted(data_path)}")
         return str(data_path[split])
     if not isinstance(data_path, str) or not data_path:
-        raise ValueError(f"recipe.options.data_path must be a path, a '{{split}}' pattern or a mapping, got {data_path!r}")
+        raise ValueError("recipe.options.data_path must be a path, a '{split}' pattern or a mapping, "
+                         f"got {data_path!r}")
     return data_path.replace("{split}", split)
 
 
@@ -127,4 +129,4 @@ def _to_contract(ex: QAExample, index: int, *, style: str, mode: str, context_to
         prompt = render(template, format_passages(passages), ex.question)
     return {"messages": [{"role": "user", "content": prompt}], "answers": list(ex.answers), "id": ex.id,
             "source": ex.source, "type": ex.type, "reward_mode": mode, "length": ex.length,
-            "all_classes": ex.all_classes}
+            "all_classes": ex.all_classes, "wrong_answers": list(ex.wrong_answers)}

@@ -63,7 +63,8 @@ def from_hotpotqa_record(record: Record, index: int, source: str = "hotpotqa") -
         raise ValueError(f"{where}: field 'answer' is missing (test sets carry none; use a dev or train file)")
     return QAExample(
         id=str(record.get("_id", index)), source=source, question=_require(record, "question", where),
-        answers=[str(answer)], passages=_title_sentence_context(record, where), type=str(record.get("type") or ""))
+        answers=[str(answer)], passages=_title_sentence_context(record, where), type=str(record.get("type") or ""),
+        wrong_answers=[str(w) for w in record.get("wrong_answers") or []])
 
 
 def from_musique_record(record: Record, index: int) -> QAExample | None:
@@ -97,7 +98,8 @@ def _convert(records: Iterable[Record], fn: Callable[[Record, int], QAExample | 
 
 
 def load_hotpotqa(path: str | Path, *, source: str = "hotpotqa", cache_dir: str | None = None) -> list[QAExample]:
-    """HotpotQA distractor or fullwiki JSON (and the synthetic files, which share the layout)."""
+    """HotpotQA distractor or fullwiki JSON (and the synthetic files, which share the layout and
+    add `wrong_answers`)."""
     return _convert(read_records(path, cache_dir), lambda r, i: from_hotpotqa_record(r, i, source))
 
 

@@ -11,9 +11,12 @@ default) also applies NFKC and drops every Unicode punctuation character, becaus
 carries curly quotes and full-width forms the ASCII-only official rule keeps.
 `evals.longbench` calls it with `unicode=False` so its numbers match LongBench's eval.py.
 
-Known limit of substring matching: a prediction that lists many names gets credit if one of them
-is the answer. Containment is on whole words, so a policy cannot farm reward with single
-letters, and extraction keeps one line; `mode="f1"` penalizes long answers.
+Substring matching credits a prediction that lists several names if one is the answer ("A was
+founded before B" for "which came first, A or B?"), which GRPO learns to exploit. Two guards:
+containment is on whole words (no reward for single letters), and `wrong_answers` (the other
+candidates, e.g. the other company of a comparison; the synthetic set records them) veto a
+prediction that names one of them. Real sets carry no such list: there `mode="f1"` is the mode
+that penalizes long answers.
 """
 from __future__ import annotations
 
@@ -111,6 +114,16 @@ def _contains_words(outer: str, inner: str) -> bool:
     return bool(inner) and f" {inner} " in f" {outer} "
 
 
+def names_wrong_answer(prediction: str, ground_truth: str, wrong_answers: Sequence[str]) -> bool:
+    """Whether the prediction names a wrong candidate (one that is not itself part of the gold)."""
+    pred, truth = normalize_answer(prediction), normalize_answer(ground_truth)
+    for wrong in wrong_answers:
+        norm = normalize_answer(wrong)
+        if norm and not _contains_words(truth, norm) and _contains_words(pred, norm):
+            return True
+    return False
+
+
 def match_score(prediction: str, ground_truth: str, mode: Mode = "substring") -> float:
     """Scores one extracted prediction against one gold answer."""
     if mode == "f1":
@@ -125,12 +138,15 @@ def match_score(prediction: str, ground_truth: str, mode: Mode = "substring") ->
     raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
 
 
-def score(completion: str, answers: Sequence[str] | str, mode: Mode = "substring") -> float:
-    """Best score of the completion's extracted answer over the gold `answers`."""
+def score(completion: str, answers: Sequence[str] | str, mode: Mode = "substring",
+          wrong_answers: Sequence[str] = ()) -> float:
+    """Best score of the completion's extracted answer over the gold `answers`; in substring mode
+    an answer that also names one of `wrong_answers` scores 0."""
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
     gold = [answers] if isinstance(answers, str) else list(answers)
     if not gold:
         raise ValueError("answers must hold at least one gold answer, got []")
     prediction = extract_answer(completion)
-    return max(match_score(prediction, truth, mode) for truth in gold)
+    return max(0.0 if mode == "substring" and names_wrong_answer(prediction, truth, wrong_answers)
+               else match_score(prediction, truth, mode) for truth in gold)

@@ -24,3 +24,6 @@ class QAExample:
     type: str = ""  # "bridge", "comparison", ... where the source says
     length: int | None = None  # LongBench's word count, for its length buckets
     all_classes: list[str] | None = None
+    # Candidates that must not appear in the answer (the other side of a comparison, the
+    # confounders' values); only the synthetic set records them.
+    wrong_answers: list[str] = field(default_factory=list)

