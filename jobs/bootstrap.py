@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import secrets
 import shlex
 import shutil
 import signal
@@ -60,6 +61,7 @@ class BootstrapConfig:
     recipe: str | None = None
     tracking_uri: str | None = None
     workdir: Path | None = None  # cwd of the command; the submitter's directory
+    signal_grace_s: float = 0.0  # after the command dies by a signal, wait this long for a requeue
 
     def __post_init__(self) -> None:
         if self.num_nodes < 1:
@@ -141,12 +143,12 @@ class RayNode:
     def start(self) -> None:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self.temp_dir.parent.mkdir(parents=True, exist_ok=True)
-        env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
+        env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", **ray_auth_env(self.cfg)}
         env.pop("RAY_ADDRESS", None)  # an inherited address would make `ray start --head` join it instead
         with open(self.log_path, "ab") as out:
             self.proc = subprocess.Popen(
                 self.argv(), stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                env=env, start_new_session=True,
+                env=env, start_new_session=True, preexec_fn=ignore_usr2,
             )
 
     def alive(self) -> bool:
@@ -172,7 +174,7 @@ class RayNode:
             tail = "\n".join(self.log_path.read_text(errors="replace").splitlines()[-15:])
         return f"log {self.log_path} ends with:\n{tail}"
 
-    def stop(self, grace_s: float = 15.0) -> None:
+    def stop(self, grace_s: float = 5.0) -> None:
         """SIGTERM to the process group (ray start's handler stops raylet, GCS, workers), then SIGKILL
         whatever of the group is left."""
         if self.proc is None:
@@ -191,6 +193,25 @@ class RayNode:
         shutil.rmtree(self.temp_dir, ignore_errors=True)
 
 
+def token_file(cfg: BootstrapConfig) -> Path:
+    return cfg.job_dir / f"ray-auth-token.{attempt_id()}"
+
+
+def write_token(cfg: BootstrapConfig) -> None:
+    """A fresh Ray auth token per job attempt, readable by the owner only, in the shared job folder."""
+    path = token_file(cfg)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as out:
+        out.write(secrets.token_hex(32))
+
+
+def ray_auth_env(cfg: BootstrapConfig) -> dict[str, str]:
+    """Ray 2.60 turns token auth on by itself when ~/.ray/auth_token exists, for `ray start` but not for
+    clients given an address, so one stray token file breaks connections. We set the mode explicitly
+    and give every node, probe and driver of this job the job's own token."""
+    return {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token_file(cfg))}
+
+
 def head_file(cfg: BootstrapConfig) -> Path:
     return cfg.job_dir / f"ray-head.{attempt_id()}.json"
 
@@ -199,48 +220,66 @@ def stop_file(cfg: BootstrapConfig) -> Path:
     return cfg.job_dir / f"ray-stop.{attempt_id()}"
 
 
-def registered_ranks(address: str) -> dict[int, str]:
-    """rank -> host of the alive nodes that joined through this bootstrap."""
+def probe_nodes(address: str, num_nodes: int, timeout_s: float) -> int:
+    """Child-process side of wait_for_nodes: prints one JSON line {rank: host} per change; exit 0 once all
+    num_nodes ranks are alive, 1 on timeout. It runs in its own process because ray.init installs a C++
+    SIGTERM handler that would replace submitit's (and kill the launcher on a preemption signal)."""
     import ray
 
-    ranks = {}
-    for node in ray.nodes():
-        labels = node.get("Labels") or {}
-        if node.get("Alive") and RANK_LABEL in labels:
-            ranks[int(labels[RANK_LABEL])] = labels.get(HOST_LABEL, node.get("NodeManagerHostname", "?"))
-    return ranks
+    ray.init(address=address, logging_level="ERROR", log_to_driver=False)
+    deadline, last = time.monotonic() + timeout_s, None
+    while True:
+        ranks = {}
+        for node in ray.nodes():
+            labels = node.get("Labels") or {}
+            if node.get("Alive") and RANK_LABEL in labels:
+                ranks[labels[RANK_LABEL]] = labels.get(HOST_LABEL, node.get("NodeManagerHostname", "?"))
+        if ranks != last:
+            print(json.dumps(ranks), flush=True)
+            last = ranks
+        if len(ranks) >= num_nodes:
+            return 0
+        if time.monotonic() > deadline:
+            return 1
+        time.sleep(1.0)
 
 
 def wait_for_nodes(cfg: BootstrapConfig, address: str) -> dict[int, str]:
     """Blocks until all cfg.num_nodes ranks are alive in Ray; the timeout error names the missing ones."""
-    import ray
+    argv = [sys.executable, "-m", "jobs.bootstrap", "--probe-nodes", address, str(cfg.num_nodes), str(cfg.register_timeout_s)]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, env={**pythonpath_env(), **ray_auth_env(cfg)})
+    ranks: dict[int, str] = {}
+    for line in proc.stdout:
+        ranks = {int(r): host for r, host in json.loads(line).items()}
+        log(0, f"nodes registered: {len(ranks)}/{cfg.num_nodes} ({', '.join(sorted(ranks.values()))})")
+    if proc.wait() != 0 or len(ranks) < cfg.num_nodes:
+        missing = [r for r in range(cfg.num_nodes) if r not in ranks]
+        names = [f"rank {r}" + (f" (host {cfg.hostnames[r]})" if r < len(cfg.hostnames) else "") for r in missing]
+        raise TimeoutError(
+            f"Ray cluster incomplete after {cfg.register_timeout_s:.0f} s (register_timeout_s): "
+            f"{len(ranks)} of {cfg.num_nodes} nodes registered; missing {', '.join(names)}. "
+            f"Their logs: {cfg.job_dir / 'logs'}/ray-node<rank>.{attempt_id()}.log"
+        )
+    return ranks
 
-    ray.init(address=address, logging_level="ERROR", log_to_driver=False)
-    try:
-        started, last_count = time.monotonic(), -1
-        while True:
-            ranks = registered_ranks(address)
-            if len(ranks) != last_count:
-                log(0, f"nodes registered: {len(ranks)}/{cfg.num_nodes} ({', '.join(sorted(ranks.values()))})")
-                last_count = len(ranks)
-            if len(ranks) >= cfg.num_nodes:
-                return ranks
-            if time.monotonic() - started > cfg.register_timeout_s:
-                missing = [r for r in range(cfg.num_nodes) if r not in ranks]
-                names = [f"rank {r}" + (f" (host {cfg.hostnames[r]})" if r < len(cfg.hostnames) else "") for r in missing]
-                raise TimeoutError(
-                    f"Ray cluster incomplete after {cfg.register_timeout_s:.0f} s (register_timeout_s): "
-                    f"{len(ranks)} of {cfg.num_nodes} nodes registered; missing {', '.join(names)}. "
-                    f"Their logs: {cfg.job_dir / 'logs'}/ray-node<rank>.{attempt_id()}.log"
-                )
-            time.sleep(1.0)
-    finally:
-        ray.shutdown()
+
+def pythonpath_env() -> dict[str, str]:
+    """This checkout first on PYTHONPATH, so child processes import the same `jobs` package."""
+    root = str(Path(__file__).resolve().parent.parent)
+    old = os.environ.get("PYTHONPATH")
+    return {**os.environ, "PYTHONPATH": f"{root}:{old}" if old else root}
+
+
+def ignore_usr2() -> None:
+    """preexec_fn of our children: Slurm sends USR2 to every process of the step before a time-out
+    (submitit's --signal=USR2@90); only the launcher should act on it (checkpoint + requeue), not kill the
+    recipe or Ray mid-step. The requeue itself stops them."""
+    signal.signal(signal.SIGUSR2, signal.SIG_IGN)
 
 
 def command_env(cfg: BootstrapConfig, address: str) -> dict[str, str]:
     """What the recipe command needs: the Ray address, plus facts for its MLflow tags and resume."""
-    env = {**os.environ, "RAY_ADDRESS": address, "ARCTIC_RL_NODES": str(cfg.num_nodes)}
+    env = {**os.environ, **ray_auth_env(cfg), "RAY_ADDRESS": address, "ARCTIC_RL_NODES": str(cfg.num_nodes)}
     env["ARCTIC_RL_JOB_DIR"] = str(cfg.job_dir)
     env["ARCTIC_RL_RESUME_KEY"] = str(cfg.job_dir)
     if cfg.num_gpus is not None:
@@ -254,15 +293,24 @@ def command_env(cfg: BootstrapConfig, address: str) -> dict[str, str]:
 
 def run_command(cfg: BootstrapConfig, address: str) -> int:
     log(0, f"RAY_ADDRESS={address}; running: {shlex.join(cfg.command)}")
-    proc = subprocess.Popen(cfg.command, env=command_env(cfg, address), cwd=cfg.workdir, start_new_session=True)
+    proc = subprocess.Popen(
+        cfg.command, env=command_env(cfg, address), cwd=cfg.workdir, start_new_session=True, preexec_fn=ignore_usr2
+    )
     try:
-        return proc.wait()
+        code = proc.wait()
+        if -code in (signal.SIGTERM, signal.SIGKILL) and cfg.signal_grace_s > 0:
+            # Killed by a signal: most likely this node is being preempted (SIGTERM to the whole step) and
+            # the launcher's USR2 handler is about to checkpoint and requeue; give it the chance before
+            # reporting a failure that would end the job.
+            log(0, f"recipe command killed by {signal.Signals(-code).name}; waiting {cfg.signal_grace_s:.0f} s for a requeue")
+            time.sleep(cfg.signal_grace_s)
+        return code
     finally:
         if proc.poll() is None:  # we are unwinding (signal, preemption): stop the recipe before Ray
-            log(0, "stopping the recipe command (SIGTERM, then SIGKILL after 20 s)")
+            log(0, "stopping the recipe command (SIGTERM, then SIGKILL after 10 s)")
             os.killpg(proc.pid, signal.SIGTERM)
             try:
-                proc.wait(timeout=20)
+                proc.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
@@ -273,6 +321,7 @@ def run_head(cfg: BootstrapConfig) -> int:
     node = RayNode(cfg, head_address=None)
     rc = 1
     try:
+        write_token(cfg)
         node.start()
         address = node.wait_head_ready()
         head_file(cfg).write_text(json.dumps({"address": address, "host": socket.gethostname()}))
@@ -388,7 +437,10 @@ def parse_args(argv: Sequence[str]) -> BootstrapConfig:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    cfg = parse_args(sys.argv[1:] if argv is None else argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["--probe-nodes"]:
+        return probe_nodes(argv[1], int(argv[2]), float(argv[3]))
+    cfg = parse_args(argv)
     raise_on_sigterm()
     return run(cfg)
 

@@ -1,0 +1,87 @@
+"""What both launchers (submitit in jobs/slurm.py, TorchX in jobs/components.py) agree on: the recipe
+command line, the job folder, the Slurm time format and the environment a job starts with."""
+
+from __future__ import annotations
+
+import re
+import secrets
+import shlex
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+DEFAULT_COMMAND = "arctic-rl run"
+DEFAULT_JOB_ROOT = "runs/jobs"
+REPO_ROOT = Path(__file__).resolve().parent.parent
+_RECIPE_NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
+
+
+def check_recipe(recipe: str) -> str:
+    if not _RECIPE_NAME.match(recipe or ""):
+        raise ValueError(f"recipe={recipe!r}: use a plain name such as 'text2sql' (letters, digits, _ . -)")
+    return recipe
+
+
+def resolve_config(recipe: str, config: str | None) -> str:
+    """The config path as given (checked to exist), or recipes/<recipe>/configs/default.yaml.
+    `-` passes through (the smoke recipe's "no config")."""
+    if config == "-":
+        return config
+    if config is None:
+        default = REPO_ROOT / "recipes" / recipe / "configs" / "default.yaml"
+        if not default.exists():
+            folder = default.parent
+            found = sorted(p.name for p in folder.glob("*.yaml")) if folder.is_dir() else []
+            raise ValueError(f"--config not given and {default} does not exist; configs in {folder}: {found or 'none'}")
+        return str(default)
+    path = Path(config)
+    if not path.exists():
+        raise ValueError(f"config={config!r} does not exist (relative paths are taken from {Path.cwd()})")
+    return str(path.resolve())
+
+
+def check_overrides(overrides: Sequence[str]) -> list[str]:
+    for item in overrides:
+        key, sep, _ = item.partition("=")
+        if not sep or not key:
+            raise ValueError(f"override {item!r} is not key=value (e.g. trainer.steps=10)")
+    return list(overrides)
+
+
+def recipe_command(
+    config: str, overrides: Sequence[str], job_dir: Path, command: str = DEFAULT_COMMAND
+) -> list[str]:
+    """`<command> CONFIG key=value ... checkpoint.dir=<job>/checkpoints resume=auto`.
+
+    The last two keys make a requeued job continue from its latest checkpoint; a user's own value for
+    either key is kept as given."""
+    keys = {item.partition("=")[0] for item in check_overrides(overrides)}
+    extra = [] if "checkpoint.dir" in keys else [f"checkpoint.dir={job_dir / 'checkpoints'}"]
+    extra += [] if "resume" in keys else ["resume=auto"]
+    return [*shlex.split(command), config, *overrides, *extra]
+
+
+def new_job_dir(recipe: str, job_root: str | Path = DEFAULT_JOB_ROOT) -> Path:
+    """A fresh folder per submission (unique across Slurm reinstalls that restart job ids), stable across
+    requeues of that submission: checkpoints and the MLflow resume key live here."""
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    return (Path(job_root) / f"{recipe}-{stamp}-{secrets.token_hex(2)}").resolve()
+
+
+def parse_slurm_time(value: str) -> int:
+    """Slurm's --time formats (`MM`, `MM:SS`, `HH:MM:SS`, `D-HH`, `D-HH:MM`, `D-HH:MM:SS`) -> whole minutes."""
+    match = re.fullmatch(r"(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?", value.strip())
+    if not match:
+        raise ValueError(f"--time={value!r}: use minutes or [D-]HH:MM:SS, e.g. 30 or 02:00:00")
+    days, a, b, c = match.groups()
+    if days is not None:  # D-HH[:MM[:SS]]
+        seconds = int(days) * 86400 + int(a) * 3600 + int(b or 0) * 60 + int(c or 0)
+    elif c is not None:  # HH:MM:SS
+        seconds = int(a) * 3600 + int(b) * 60 + int(c)
+    elif b is not None:  # MM:SS
+        seconds = int(a) * 60 + int(b)
+    else:  # MM
+        seconds = int(a) * 60
+    if seconds <= 0:
+        raise ValueError(f"--time={value!r} is zero")
+    return max(1, -(-seconds // 60))

@@ -1,0 +1,173 @@
+"""Submit a recipe as one Slurm batch job through submitit.
+
+    python -m jobs.slurm submit --recipe text2sql --config recipes/text2sql/configs/x.yaml \
+        trainer.steps=100 --nodes 2 --gpus-per-node 8 --partition gpu --time 04:00:00
+
+Inside the allocation submitit starts one task per node (srun); each runs jobs/bootstrap.py: the first
+node is the Ray head and runs `arctic-rl run CONFIG key=value ... checkpoint.dir=<job>/checkpoints
+resume=auto`, the others join it. On preemption or time-out Slurm sends USR2; submitit checkpoints
+(this job object: same arguments) and requeues the job, and the recipe resumes from its last checkpoint.
+`--cluster local` runs the same job on this machine without Slurm (one node, local Ray).
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import submitit
+
+from arctic_rl.tracking import default_tracking_uri
+from jobs import bootstrap, launch
+
+FINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "BOOT_FAIL", "DEADLINE", "FINISHED", "INTERRUPTED"}
+
+
+class RecipeJob(submitit.helpers.Checkpointable):
+    """The callable submitit pickles and runs on every node. `checkpoint()` (inherited) resubmits it with
+    the same arguments on preemption/time-out; the command's resume=auto picks up the last checkpoint."""
+
+    def __init__(self, template: bootstrap.BootstrapConfig) -> None:
+        self.template = template
+
+    def __call__(self) -> int:
+        env = submitit.JobEnvironment()
+        try:
+            hostnames = list(env.hostnames)
+        except Exception:  # local/debug executors have no node list
+            hostnames = []
+        cfg = replace(
+            self.template, rank=env.global_rank, num_nodes=env.num_nodes,
+            head_host=hostnames[0] if hostnames else "127.0.0.1", hostnames=hostnames,
+        )
+        code = bootstrap.run(cfg)
+        if code != 0:
+            raise RuntimeError(f"recipe command exited with code {code}: {shlex.join(cfg.command)}")
+        return code
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m jobs.slurm", description=__doc__.split("\n")[0],
+        epilog="Arguments of the form key=value, anywhere after `submit`, are passed to the recipe command.",
+    )
+    sub = p.add_subparsers(dest="action", required=True)
+    s = sub.add_parser("submit", help="submit one recipe run as a batch job")
+    s.add_argument("--recipe", required=True, help="recipe name; also the MLflow experiment (e.g. text2sql)")
+    s.add_argument("--config", help="recipe config YAML (default recipes/<recipe>/configs/default.yaml)")
+    s.add_argument("--nodes", type=int, default=1)
+    s.add_argument("--gpus-per-node", type=int, default=0)
+    s.add_argument("--cpus-per-node", type=int, default=1, help="CPUs per node (also Ray's --num-cpus)")
+    s.add_argument("--mem-gb", type=int, help="memory per node (default: the partition's default)")
+    s.add_argument("--partition", help="Slurm partition (default: the cluster's default)")
+    s.add_argument("--time", default="60", help="time limit, minutes or [D-]HH:MM:SS (default 60)")
+    s.add_argument("--account")
+    s.add_argument("--command", default=launch.DEFAULT_COMMAND, help=f"recipe command (default '{launch.DEFAULT_COMMAND}')")
+    s.add_argument("--job-root", default=launch.DEFAULT_JOB_ROOT, help="where job folders are created")
+    s.add_argument("--cluster", choices=["slurm", "local", "debug"], default="slurm")
+    s.add_argument("--max-requeues", type=int, default=3, help="requeues after time-out (preemptions are unlimited)")
+    s.add_argument("--signal-delay-s", type=int, default=90, help="USR2 this many seconds before the time limit")
+    s.add_argument("--register-timeout-s", type=float, default=300.0, help="wait for all nodes to join Ray")
+    s.add_argument("--ray-args", default="", help="extra `ray start` flags for every node, one quoted string")
+    s.add_argument("--wait", action="store_true", help="wait for the job to end and report how it ended")
+    return p
+
+
+def make_executor(args: argparse.Namespace, job_dir: Path) -> submitit.AutoExecutor:
+    executor = submitit.AutoExecutor(folder=job_dir / "submitit", cluster=args.cluster, slurm_max_num_timeout=args.max_requeues)
+    params: dict[str, Any] = {
+        "name": f"arctic-rl-{args.recipe}", "nodes": args.nodes, "tasks_per_node": 1,
+        "cpus_per_task": args.cpus_per_node, "timeout_min": launch.parse_slurm_time(args.time),
+    }
+    if args.gpus_per_node:
+        params["gpus_per_node"] = args.gpus_per_node
+    if args.mem_gb:
+        params["mem_gb"] = args.mem_gb
+    if args.cluster == "slurm":
+        params["slurm_signal_delay_s"] = args.signal_delay_s
+        # The job imports `jobs` and `arctic_rl` from this checkout, whatever directory Slurm starts it in.
+        params["slurm_setup"] = [f"export PYTHONPATH={launch.REPO_ROOT}${{PYTHONPATH:+:$PYTHONPATH}}"]
+        if args.partition:
+            params["slurm_partition"] = args.partition
+        if args.account:
+            params["slurm_account"] = args.account
+    elif args.nodes != 1:
+        raise ValueError(f"--nodes={args.nodes} needs --cluster slurm; the {args.cluster} executor runs one node")
+    executor.update_parameters(**params)
+    return executor
+
+
+def make_template(args: argparse.Namespace, job_dir: Path) -> bootstrap.BootstrapConfig:
+    config = launch.resolve_config(args.recipe, args.config)
+    command = launch.recipe_command(config, args.overrides, job_dir, args.command)
+    return bootstrap.BootstrapConfig(
+        command=command, job_dir=job_dir, num_cpus=args.cpus_per_node,
+        num_gpus=args.gpus_per_node if args.gpus_per_node else None,
+        ray_args=shlex.split(args.ray_args), register_timeout_s=args.register_timeout_s,
+        recipe=args.recipe, tracking_uri=default_tracking_uri(), workdir=Path.cwd(),
+        signal_grace_s=60.0 if args.cluster == "slurm" else 0.0,
+    )
+
+
+def submit(args: argparse.Namespace) -> submitit.Job:
+    launch.check_recipe(args.recipe)
+    job_dir = launch.new_job_dir(args.recipe, args.job_root)
+    template = make_template(args, job_dir)
+    job = make_executor(args, job_dir).submit(RecipeJob(template))
+    print(f"submitted job {job.job_id} ({args.cluster}): recipe {args.recipe}, {args.nodes} node(s) x "
+          f"{args.gpus_per_node} GPU(s), time {launch.parse_slurm_time(args.time)} min")
+    print(f"  job folder : {job_dir}")
+    print(f"  command    : {shlex.join(template.command)}")
+    print(f"  stdout     : {job.paths.stdout}")
+    print(f"  stderr     : {job.paths.stderr}")
+    if args.cluster == "slurm":
+        print(f"  follow     : tail -f {job.paths.stdout}   |   squeue -j {job.job_id}   |   sacct -j {job.job_id}   |   scancel {job.job_id}")
+    print(f"  MLflow     : experiment '{args.recipe}' at {template.tracking_uri}")
+    return job
+
+
+def wait(job: submitit.Job, poll_s: float = 3.0) -> bool:
+    """Prints each state change until the job ends; returns True when it succeeded (rank 0's result)."""
+    t0, last = time.monotonic(), None
+    while True:
+        state = job.state
+        if state != last:
+            print(f"  [{time.monotonic() - t0:6.0f} s] job {job.job_id}: {state}", flush=True)
+            last = state
+        # done() sees the result file; the Slurm state (via sacct/squeue) may lag it by a few seconds.
+        if job.done() or state.split()[0] in FINAL_STATES:
+            break
+        time.sleep(poll_s)
+    error = job.exception() if job.done() else RuntimeError(f"job ended in state {state} without a result")
+    if error is not None:
+        stderr = Path(job.paths.stderr)
+        tail = stderr.read_text(errors="replace").splitlines()[-20:] if stderr.exists() else []
+        print("\n".join([f"  error: {str(error).splitlines()[-1] if str(error) else error!r}", "  last lines of stderr:", *tail]))
+    outcome = "succeeded" if error is None else "failed"
+    print(f"job {job.job_id} {outcome} after {time.monotonic() - t0:.0f} s; log {job.paths.stdout}")
+    return error is None
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    # key=value overrides may sit anywhere among the flags (argparse's intermixed mode rejects subparsers).
+    args, extra = parser.parse_known_args(sys.argv[1:] if argv is None else argv)
+    bad = [item for item in extra if "=" not in item or item.startswith("-")]
+    if bad:
+        parser.error(f"unrecognized arguments: {' '.join(bad)} (recipe overrides are key=value)")
+    args.overrides = extra
+    try:
+        job = submit(args)
+    except ValueError as err:
+        parser.error(str(err))
+    return 0 if not args.wait or wait(job) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
