@@ -1,0 +1,130 @@
+"""`arctic-rl compare` on runs logged three ways into one MLflow store: verl's own tracking code
+(verl.utils.tracking.Tracking, mlflow backend, installed --no-deps in .venv/verl-ref), SkyRL's metric names
+(`timing/<Timer>`, logged as its mlflow adapter does: plain mlflow.log_metrics, config as params), and our
+Tracker. The verl and SkyRL runs carry none of our tags: compare must recognise them from their own
+params and metric names."""
+
+import csv
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from arctic_rl import compare
+from arctic_rl.tracking import (
+    BACKEND_ARCTIC, FRAMEWORK_ARCTIC, FRAMEWORK_SKYRL, FRAMEWORK_VERL, TAG_BACKEND, TAG_FRAMEWORK, TAG_MODEL,
+    TAG_RECIPE, Tracker,
+)
+
+VERL_REF = Path(__file__).resolve().parent.parent / ".venv" / "verl-ref"
+
+# Per-step seconds; step 1 is a warm-up outlier that --skip-steps 1 must drop.
+VERL_NATIVE = {"gen": [99, 10, 12, 11], "old_log_prob": [9, 2, 2, 2], "ref": [9, 1, 1, 1], "update_actor": [9, 8, 8, 8], "step": [199, 22, 24, 23]}
+VERL_ARCTIC = {"gen": [99, 5, 6, 4], "old_log_prob": [9, 1, 1, 1], "ref": [9, 0.5, 0.5, 0.5], "update_actor": [9, 4, 4, 4], "step": [199, 11, 12, 10]}
+LOOP = {"gen": [99, 4, 4, 4], "step": [199, 10, 10, 10]}
+SKYRL_NATIVE = {"timing/generate": [99, 20, 20, 20], "timing/fwd_logprobs_values_reward": [9, 6, 6, 6], "timing/policy_train": [9, 10, 10, 10], "timing/step": [199, 40, 40, 40]}
+SKYRL_ARCTIC = {"timing/generate": [99, 10, 10, 10], "timing/fwd_logprobs_values_reward": [9, 2, 2, 2], "timing/policy_train": [9, 5, 5, 5], "timing/step": [199, 20, 20, 20]}
+
+
+def log_with_verl(uri: str, run_name: str, phases: dict[str, list[float]], tags: dict[str, str] | None) -> None:
+    """Runs verl's own Tracking in a child process (it keeps global mlflow state and reads the env URI)."""
+    assert (VERL_REF / "verl" / "utils" / "tracking.py").exists(), f"verl not installed in {VERL_REF} (scripts/setup_env.sh)"
+    metrics = {f"timing_s/{p}": v for p, v in phases.items()}
+    script = textwrap.dedent(f"""
+        import sys; sys.path.insert(0, {str(VERL_REF)!r})
+        import mlflow
+        from verl.utils.tracking import Tracking
+        config = {{"trainer": {{"nnodes": 1, "n_gpus_per_node": 8, "project_name": "text2sql"}},
+                   "actor_rollout_ref": {{"model": {{"path": "Qwen/Qwen3-4B"}}}}}}
+        tracking = Tracking(project_name="text2sql", experiment_name={run_name!r}, default_backend="mlflow", config=config)
+        if {tags!r}:
+            mlflow.set_tags({tags!r})  # what recipes/verl does for verl + arctic-rl runs
+        metrics = {metrics!r}
+        for i in range(len(next(iter(metrics.values())))):
+            tracking.log({{k: v[i] for k, v in metrics.items()}}, step=i + 1)
+        tracking.finish()
+    """)
+    subprocess.run([sys.executable, "-c", script], check=True, env={"MLFLOW_TRACKING_URI": uri, "PATH": "/usr/bin:/bin"})
+
+
+def log_like_skyrl(uri: str, run_name: str, metrics: dict[str, list[float]], tags: dict[str, str] | None) -> None:
+    """SkyRL's _MlflowLoggingAdapter: set_experiment(project), start_run(run_name), log_params(flat config),
+    then log_metrics({"timing/" + name: s}) per step. skyrl-train needs Python 3.12, so not imported."""
+    import mlflow
+
+    mlflow.set_tracking_uri(uri)
+    experiment = mlflow.set_experiment("text2sql")
+    with mlflow.start_run(experiment_id=experiment.experiment_id, run_name=run_name):
+        mlflow.log_params({"trainer/policy/model/path": "Qwen/Qwen3-4B", "trainer/placement/policy_num_nodes": 1,
+                           "trainer/placement/policy_num_gpus_per_node": 8, "generator/backend": "vllm"})
+        if tags:
+            mlflow.set_tags(tags)
+        for i in range(len(next(iter(metrics.values())))):
+            mlflow.log_metrics({k: v[i] for k, v in metrics.items()}, step=i + 1)
+
+
+def log_with_tracker(uri: str, phases: dict[str, list[float]]) -> None:
+    tags = {TAG_FRAMEWORK: FRAMEWORK_ARCTIC, TAG_BACKEND: BACKEND_ARCTIC, TAG_RECIPE: "text2sql", TAG_MODEL: "Qwen/Qwen3-4B"}
+    with Tracker.start("text2sql", run_name="loop", tags=tags, tracking_uri=uri) as tracker:
+        for i in range(len(phases["step"])):
+            tracker.log_metrics({f"timing_s/{p}": v[i] for p, v in phases.items()}, step=i + 1)
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory: pytest.TempPathFactory) -> str:
+    uri = f"sqlite:///{tmp_path_factory.mktemp('mlflow') / 'mlflow.db'}"
+    log_with_verl(uri, "verl-native", VERL_NATIVE, None)
+    log_with_verl(uri, "verl-arctic", VERL_ARCTIC, {TAG_FRAMEWORK: FRAMEWORK_VERL, TAG_BACKEND: BACKEND_ARCTIC})
+    log_like_skyrl(uri, "skyrl-native", SKYRL_NATIVE, None)
+    log_like_skyrl(uri, "skyrl-arctic", SKYRL_ARCTIC, {TAG_FRAMEWORK: FRAMEWORK_SKYRL, TAG_BACKEND: BACKEND_ARCTIC})
+    log_with_tracker(uri, LOOP)
+    return uri
+
+
+def read_csv(path: Path) -> dict[tuple[str, str, str], dict[str, str]]:
+    with open(path) as f:
+        return {(r["framework"], r["backend"], r["phase"]): r for r in csv.DictReader(f)}
+
+
+def test_compare_reads_verl_skyrl_and_tracker_runs(store: str, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    assert compare.main(["--experiment", "text2sql", "--tracking-uri", store, "--out", str(tmp_path)]) == 0
+    printed = capsys.readouterr().out
+    assert "verl (native)" in printed and "skyrl + arctic-rl" in printed and "arctic-rl loop" in printed
+    assert "speedup verl + arctic-rl vs verl (native)" in printed
+    rows = read_csv(tmp_path / "compare.csv")
+    # verl, medians of steps 2-4: native gen 11, arctic gen 5 -> 2.2x; step 23 vs 11 -> ~2.09x
+    assert float(rows[("verl", "native", "gen")]["median_s"]) == pytest.approx(11)
+    assert float(rows[("verl", "arctic-rl", "gen")]["speedup"]) == pytest.approx(11 / 5, rel=1e-3)
+    assert float(rows[("verl", "arctic-rl", "step")]["speedup"]) == pytest.approx(23 / 11, rel=1e-3)
+    # log_probs = old_log_prob + ref for verl; SkyRL's one combined timer
+    assert float(rows[("verl", "native", "log_probs")]["median_s"]) == pytest.approx(3)
+    assert float(rows[("skyrl", "native", "log_probs")]["median_s"]) == pytest.approx(6)
+    assert float(rows[("skyrl", "arctic-rl", "update_actor")]["speedup"]) == pytest.approx(2)
+    assert float(rows[("skyrl", "arctic-rl", "step")]["speedup"]) == pytest.approx(2)
+    assert rows[("skyrl", "arctic-rl", "step")]["baseline"] == "skyrl (native)"
+    # the reference loop is measured against native verl
+    assert rows[("arctic-rl", "arctic-rl", "step")]["baseline"] == "verl (native)"
+    assert float(rows[("arctic-rl", "arctic-rl", "step")]["speedup"]) == pytest.approx(2.3)
+    png = (tmp_path / "compare.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
+
+
+def test_compare_infers_model_and_topology_from_native_params(store: str) -> None:
+    runs = compare.load_runs(["text2sql"], store)
+    native = [r for r in runs if r.backend == "native"]
+    assert {r.framework for r in native} == {"verl", "skyrl"}
+    assert all(r.model == "Qwen/Qwen3-4B" and r.nodes == "1" and r.gpus == "8" for r in native)
+
+
+def test_compare_unknown_experiment_names_the_known_ones(store: str, capsys: pytest.CaptureFixture) -> None:
+    with pytest.raises(SystemExit):
+        compare.main(["--experiment", "nope", "--tracking-uri", store])
+    assert "'nope' not found" in capsys.readouterr().err
+
+
+def test_skip_steps_keeps_short_runs() -> None:
+    run = compare.RunTimings("r", "x", "verl", "native", "m", "1", "8", phases={"step": [5.0]})
+    (row,) = compare.summarize([run], skip_steps=1)
+    assert row.medians["step"] == 5.0
