@@ -1,0 +1,71 @@
+"""The launchers' shared pieces and the TorchX AppDef, without Slurm or Ray."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from jobs import bootstrap, launch
+from jobs.components import recipe
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.parametrize(
+    ("value", "minutes"),
+    [("30", 30), ("90:30", 91), ("02:00:00", 120), ("1-00", 1440), ("1-02:30", 1590), ("0-00:00:30", 1)],
+)
+def test_parse_slurm_time(value: str, minutes: int) -> None:
+    assert launch.parse_slurm_time(value) == minutes
+
+
+@pytest.mark.parametrize("value", ["", "abc", "0", "1:2:3:4"])
+def test_parse_slurm_time_rejects(value: str) -> None:
+    with pytest.raises(ValueError, match="--time"):
+        launch.parse_slurm_time(value)
+
+
+def test_recipe_command_adds_checkpoint_and_resume(tmp_path: Path) -> None:
+    cmd = launch.recipe_command("c.yaml", ["trainer.steps=3"], tmp_path)
+    assert cmd == ["arctic-rl", "run", "c.yaml", "trainer.steps=3", f"checkpoint.dir={tmp_path}/checkpoints", "resume=auto"]
+    # the user's own keys are kept, not duplicated
+    cmd = launch.recipe_command("c.yaml", ["checkpoint.dir=/x", "resume=false"], tmp_path, "python -m jobs.smoke")
+    assert cmd == ["python", "-m", "jobs.smoke", "c.yaml", "checkpoint.dir=/x", "resume=false"]
+
+
+def test_bad_inputs_name_the_value(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="'steps' is not key=value"):
+        launch.recipe_command("c.yaml", ["steps"], tmp_path)
+    with pytest.raises(ValueError, match="recipe='a b'"):
+        launch.check_recipe("a b")
+    with pytest.raises(ValueError, match="config='nope.yaml' does not exist"):
+        launch.resolve_config("text2sql", "nope.yaml")
+    with pytest.raises(ValueError, match="rank=2 is outside 0..1"):
+        bootstrap.BootstrapConfig(command=["x"], job_dir=tmp_path, num_nodes=2, rank=2)
+
+
+def test_component_has_one_replica_per_node(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    app = recipe("trainer.steps=3", recipe="text2sql", config="-", nodes=2, gpus_per_node=8, cpus_per_node=4)
+    (role,) = app.roles
+    assert role.num_replicas == 2 and role.resource.gpu == 8 and role.resource.cpu == 4
+    assert role.entrypoint == sys.executable
+    sep = role.args.index("--")
+    assert role.args[sep + 1 : sep + 5] == ["arctic-rl", "run", "-", "trainer.steps=3"]
+    assert role.args[sep + 6] == "resume=auto"
+    assert "--nnodes=2" in role.args and "--num-gpus=8" in role.args
+
+
+def test_torchx_slurm_dryrun_writes_a_het_job(tmp_path: Path) -> None:
+    """`torchx run --dryrun -s slurm` prints the sbatch script without needing Slurm."""
+    out = subprocess.run(
+        [str(Path(sys.executable).with_name("torchx")), "run", "--dryrun", "-s", "slurm", "-cfg", "time=10",
+         str(REPO / "jobs" / "components.py") + ":recipe", "--recipe", "text2sql", "--config", "-", "--nodes", "2",
+         "--", "trainer.steps=3"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    script = out.stdout + out.stderr
+    assert "#SBATCH hetjob" in script and "--rank=0" in script and "--rank=1" in script
+    assert "--head-env=SLURM_JOB_NODELIST_HET_GROUP_0" in script and "resume=auto" in script

@@ -1,0 +1,73 @@
+"""Tracker: default URI, params, metrics, statuses, and continuing a run across a requeue."""
+
+from pathlib import Path
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from arctic_rl import tracking
+from arctic_rl.tracking import TIMING_GEN, TIMING_STEP, Tracker
+
+
+@pytest.fixture
+def uri(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    monkeypatch.chdir(tmp_path)
+    for env in ("MLFLOW_TRACKING_URI", tracking.ENV_RESUME_KEY, *tracking.ENV_DEFAULT_TAGS):
+        monkeypatch.delenv(env, raising=False)
+    return tracking.default_tracking_uri()
+
+
+def test_default_uri_is_sqlite_under_cwd_runs(uri: str, tmp_path: Path) -> None:
+    assert uri == f"sqlite:///{tmp_path.resolve() / 'runs' / 'mlflow.db'}"
+    assert (tmp_path / "runs").is_dir()
+
+
+def test_env_uri_wins(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://mlflow:5000")
+    assert tracking.default_tracking_uri() == "http://mlflow:5000"
+
+
+def test_logs_params_metrics_tags_and_artifacts(uri: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ARCTIC_RL_NODES", "2")  # what jobs/bootstrap.py exports for the recipe
+    params = {"optimizer": {"lr": 1e-5, "betas": [0.9, 0.99]}, "model": "tiny"}
+    with Tracker.start("text2sql", run_name="r", tags={"framework": "arctic-rl"}, params=params) as tracker:
+        tracker.log_metrics({TIMING_GEN: 1.5, TIMING_STEP: 3}, step=1)
+        tracker.log_metrics({TIMING_GEN: 1.25}, step=2)
+        (tmp_path / "note.txt").write_text("hi")
+        tracker.log_artifact(tmp_path / "note.txt")
+    client = MlflowClient(uri)
+    run = client.get_run(tracker.run_id)
+    assert run.info.status == "FINISHED" and run.info.run_name == "r"
+    assert run.data.params == {"optimizer/lr": "1e-05", "optimizer/betas": "[0.9, 0.99]", "model": "tiny"}
+    assert run.data.tags["framework"] == "arctic-rl" and run.data.tags["nodes"] == "2"
+    assert [(m.step, m.value) for m in client.get_metric_history(tracker.run_id, TIMING_GEN)] == [(1, 1.5), (2, 1.25)]
+    assert [a.path for a in client.list_artifacts(tracker.run_id)] == ["note.txt"]
+
+
+def test_failure_marks_run_failed_and_bad_metric_names_key(uri: str) -> None:
+    with pytest.raises(ValueError, match="'loss' has value 'nan-ish'"):
+        with Tracker.start("exp") as tracker:
+            tracker.log_metrics({"loss": "nan-ish"}, step=0)
+    assert MlflowClient(uri).get_run(tracker.run_id).info.status == "FAILED"
+
+
+def test_requeued_job_continues_its_run(uri: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(tracking.ENV_RESUME_KEY, "/shared/jobs/text2sql-1")
+    first = Tracker.start("exp", run_name="job", params={"a": 1})
+    first.log_metrics({TIMING_STEP: 1.0}, step=1)
+    first.end("KILLED")  # preempted
+    second = Tracker.start("exp", run_name="job", params={"a": 1, "b": 2})
+    assert second.run_id == first.run_id
+    second.log_metrics({TIMING_STEP: 2.0}, step=2)
+    second.end()
+    # a finished run is never reopened: the next job with the same key gets a new one
+    third = Tracker.start("exp", run_name="job")
+    assert third.run_id != first.run_id
+    client = MlflowClient(uri)
+    assert [m.step for m in client.get_metric_history(first.run_id, TIMING_STEP)] == [1, 2]
+    assert client.get_run(first.run_id).data.params == {"a": "1", "b": "2"}
+
+
+def test_empty_experiment_is_refused(uri: str) -> None:
+    with pytest.raises(ValueError, match="experiment=''"):
+        Tracker.start("")
