@@ -14,6 +14,9 @@ from arctic_rl.batch import Batch, position_ids
 from arctic_rl.losses import resolve_post_processor
 
 DEFAULT_CHUNK_TOKENS = 1024
+# Set by the training engine under ZeRO-3 with several ranks: every LM-head call all-gathers the head's
+# weight collectively, so all ranks must make the same number of calls (see head_post_process).
+SYNC_CHUNK_COUNT = False
 
 
 def decoder_and_head(model) -> tuple[torch.nn.Module, torch.nn.Module]:
@@ -30,7 +33,14 @@ def head_post_process(hidden_NH: torch.Tensor, labels_N: torch.Tensor, head: tor
     """
     fn = resolve_post_processor(post_processor)
     parts: dict[str, list[torch.Tensor]] = {}
-    for s in range(0, hidden_NH.shape[0], chunk_tokens):
+    N = hidden_NH.shape[0]
+    num_chunks = -(-N // chunk_tokens)
+    if SYNC_CHUNK_COUNT and torch.distributed.is_initialized():
+        n = torch.tensor([num_chunks], device=hidden_NH.device)
+        torch.distributed.all_reduce(n, op=torch.distributed.ReduceOp.MAX)
+        num_chunks = int(n)
+    for i in range(num_chunks):
+        s = i * chunk_tokens
         h, y = hidden_NH[s:s + chunk_tokens], labels_N[s:s + chunk_tokens]
         if torch.is_grad_enabled() and h.requires_grad:
             keys: list[str] = []

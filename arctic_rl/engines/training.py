@@ -40,6 +40,18 @@ def _lr_lambda(sched, total_default: int = 0):
     return f
 
 
+class LogProbModel(torch.nn.Module):
+    """The HF model behind a forward that returns per-token log-probs. DeepSpeed wraps *this*, so every
+    pass goes through DeepSpeedEngine.forward, which ZeRO-3 needs to hook the backward."""
+
+    def __init__(self, model: torch.nn.Module, zorro: bool, chunk_tokens: int):
+        super().__init__()
+        self.model, self.zorro, self.chunk_tokens = model, zorro, chunk_tokens
+
+    def forward(self, mb: Batch, pp_config: dict) -> dict[str, torch.Tensor]:
+        return response_log_probs(self.model, mb, zorro=self.zorro, pp_config=pp_config, chunk_tokens=self.chunk_tokens)
+
+
 class TrainingWorker:
     """One DeepSpeed rank. `trainable=False` makes a forward-only worker (the reference model)."""
 
@@ -51,6 +63,9 @@ class TrainingWorker:
                           WORLD_SIZE=str(world_size), LOCAL_RANK="0" if accelerator() == "cpu" else os.environ.get("LOCAL_RANK", "0"))
         self.engine = None
         self._setup()
+        if self.cfg.training_config.zero_stage == 3 and world_size > 1:
+            from arctic_rl.engines import forward
+            forward.SYNC_CHUNK_COUNT = True
 
     def _setup(self) -> None:
         import deepspeed
@@ -60,8 +75,9 @@ class TrainingWorker:
         deepspeed.init_distributed(dist_backend="nccl" if accelerator() == "cuda" else "gloo")
         bf16 = tc.dtype == "bfloat16"
         # Weights load in fp32; DeepSpeed's bf16 mode casts the module and keeps fp32 master weights.
-        model = load_hf_model(self.cfg.model_name, self.cfg.model_overrides, torch.float32,
-                              gradient_checkpointing=tc.gradient_checkpointing and self.trainable)
+        hf = load_hf_model(self.cfg.model_name, self.cfg.model_overrides, torch.float32,
+                           gradient_checkpointing=tc.gradient_checkpointing and self.trainable)
+        model = LogProbModel(hf, tc.zorro_train.enable, tc.chunk_tokens)
         ds_config: dict[str, Any] = {
             "train_micro_batch_size_per_gpu": 1,
             "gradient_accumulation_steps": 1,
@@ -95,7 +111,6 @@ class TrainingWorker:
             model=model, optimizer=opt, lr_scheduler=sched, config=ds_config)
         self.module = self.engine.module
         self._pending_backward = False
-        self._dummy_ids = torch.zeros(1, 1, dtype=torch.long, device=self.engine.device)
 
     # -- ops -------------------------------------------------------------------------------------------
     def ping(self) -> dict:
@@ -106,13 +121,15 @@ class TrainingWorker:
         return {k: v.to(dev) if isinstance(v, torch.Tensor) else v for k, v in mb.items()}
 
     def _forward(self, mb: Batch, pp_config: dict) -> dict[str, torch.Tensor]:
-        tc = self.cfg.training_config
-        return response_log_probs(self.module, mb, zorro=tc.zorro_train.enable, pp_config=pp_config,
-                                  chunk_tokens=tc.chunk_tokens)
+        return (self.engine if self.engine is not None else self.module)(mb, pp_config)
 
     def _dummy_forward(self) -> torch.Tensor:
-        return self.module(input_ids=self._dummy_ids if self.engine is not None else
-                           torch.zeros(1, 1, dtype=torch.long)).logits.float().sum() * 0.0
+        """A zero-valued pass through the same code path as a real micro-batch (1 prompt + 1 response
+        token), so ZeRO-3's collective parameter gathers line up across ranks."""
+        dev = self.engine.device if self.engine is not None else accelerator()
+        ids = torch.zeros(1, 2, dtype=torch.long, device=dev)
+        mb = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "responses": ids[:, 1:], "uid": [0]}
+        return self._forward(mb, {})["log_probs"].sum() * 0.0
 
     @torch.no_grad()
     def log_probs(self, micro_batches: list[MicroBatch], pp_config: dict) -> list[dict[str, torch.Tensor] | None]:
@@ -175,7 +192,7 @@ class TrainingWorker:
 
         out: dict[str, torch.Tensor] = {}
         to = getattr(torch, dtype) if dtype else None
-        for name, p in self.module.named_parameters():
+        for name, p in self.module.model.named_parameters():
             if self.cfg.training_config.zero_stage == 3 and self.engine is not None:
                 with deepspeed.zero.GatheredParameters([p]):
                     t = p.detach().to(to or p.dtype).cpu().clone() if self.rank == 0 else None
@@ -188,7 +205,9 @@ class TrainingWorker:
 
     def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
         """Frozen workers only: replace the weights (e.g. reference := current policy)."""
-        self.module.load_state_dict({k: v for k, v in state.items()}, strict=False)
+        missing, unexpected = self.module.model.load_state_dict(state, strict=False)
+        if unexpected:
+            raise ValueError(f"reference update: unexpected parameter names {unexpected[:4]}")
 
     def save_checkpoint(self, path: str) -> str:
         t0 = time.time()

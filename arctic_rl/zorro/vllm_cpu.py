@@ -87,17 +87,25 @@ def cascade_decode_vllm_cpu(query: torch.Tensor, kv_cache: torch.Tensor, block_t
                                  _values(value_cache, blocks), scale)
             o_p = o_p.view(K, G, rep, D).transpose(0, 1)
             l_p = l_p.view(K, G, rep).transpose(0, 1)
+        by_len: dict[int, list[int]] = {}
         for j, r in enumerate(rows):
-            n = lens[r]
+            by_len.setdefault(lens[r], []).append(j)
+        for n, js in by_len.items():           # members of equal length: one batched suffix pass
+            idx = [rows[j] for j in js]
             if n == P:
-                out[r] = o_p[j].reshape(H, D)
+                out[idx] = o_p[js].reshape(len(js), H, D)
                 continue
-            blocks = block_table[r, P // bs:-(-n // bs)].long()
-            o_s, l_s = _attend_T(q[j], _keys_T(key_cache, blocks)[:, :, :n - P], _values(value_cache, blocks)[:, :n - P],
-                                 scale)
+            nb = -(-n // bs) - P // bs
+            blocks = block_table[idx, P // bs:P // bs + nb].long().reshape(-1)
+            kt = key_cache.index_select(0, blocks).reshape(len(js), nb, K, D, bs).permute(0, 2, 3, 1, 4)
+            kt = kt.reshape(len(js) * K, D, nb * bs)[:, :, :n - P]
+            v = value_cache.index_select(0, blocks).reshape(len(js), nb, K, bs, D).permute(0, 2, 1, 3, 4)
+            v = v.reshape(len(js) * K, nb * bs, D)[:, :n - P]
+            o_s, l_s = _attend_T(q[js].reshape(len(js) * K, rep, D), kt, v, scale)
+            o_s, l_s = o_s.view(len(js), K, rep, D), l_s.view(len(js), K, rep)
             if P:
-                o_s = merge_attention_states(o_p[j], l_p[j], o_s, l_s)[0]
-            out[r] = o_s.reshape(H, D)
+                o_s = merge_attention_states(o_p[js], l_p[js], o_s, l_s)[0]
+            out[idx] = o_s.reshape(len(js), H, D)
     return out.to(query.dtype)
 
 
