@@ -238,3 +238,11 @@ def test_vllm_backend_switch_is_off():
     from arctic_rl.zorro.vllm_cpu import vllm_attention_backend
     assert vllm_attention_backend(None, "cpu") is None
     assert vllm_attention_backend({"enable": True}, "cpu") is None
+
+
+def test_engine_kwargs_keep_vllm_default():
+    from arctic_rl.zorro.inference import vllm_engine_kwargs
+    assert vllm_engine_kwargs({"enable": True, "min_group_size": 2, "min_prefix_len": 256}, "cpu") == {}
+    assert vllm_engine_kwargs(None) == {}
+    with pytest.raises(TypeError, match="zorro_inference"):
+        vllm_engine_kwargs(3, "cpu")
