@@ -67,9 +67,9 @@ class HttpTransport:
         if r.status_code != 200:
             try:
                 err = r.json()
-                raise ERRORS.get(err.get("type"), ArcticRLError)(err.get("message", r.text))
             except ValueError:
                 raise ArcticRLError(f"HTTP {r.status_code}: {r.text[:500]}") from None
+            raise ERRORS.get(err.get("type"), ArcticRLError)(err.get("message", r.text))
         return wire.decode(r.content)
 
     def close(self) -> None:

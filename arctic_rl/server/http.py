@@ -22,7 +22,7 @@ from starlette.concurrency import run_in_threadpool
 
 from arctic_rl import wire
 from arctic_rl.config import ArcticRLClientConfig
-from arctic_rl.errors import ArcticRLError, AuthError, EngineDeadError, EngineError, ProtocolError
+from arctic_rl.errors import ERRORS, ArcticRLError, AuthError, EngineDeadError, EngineError, ProtocolError
 from arctic_rl.server.controller import Controller
 from arctic_rl.server.deploy import deploy
 
@@ -34,7 +34,9 @@ OPS = {name: inspect.signature(getattr(Controller, name)) for name in (
 
 
 def _error(e: ArcticRLError) -> JSONResponse:
-    return JSONResponse({"type": type(e).__name__, "message": str(e)}, status_code=e.http_status)
+    # the nearest class the client knows by name (subclasses such as batch.BatchError map to their base)
+    name = next(c.__name__ for c in type(e).__mro__ if c.__name__ in ERRORS)
+    return JSONResponse({"type": name, "message": str(e)}, status_code=e.http_status)
 
 
 def build_app(handle, cfg: ArcticRLClientConfig, on_shutdown=lambda: None) -> FastAPI:
@@ -76,6 +78,10 @@ def build_app(handle, cfg: ArcticRLClientConfig, on_shutdown=lambda: None) -> Fa
                 return JSONResponse({"type": "ProtocolError", "message": f"unknown op {op!r}; known: {sorted(OPS)}"},
                                     status_code=404)
             kwargs = await read_body(request)
+            known = [p for p in OPS[op].parameters if p != "self"]
+            unknown = sorted(set(kwargs) - set(known))
+            if unknown:
+                raise ProtocolError(f"unknown argument(s) {unknown} for {op}; expected some of {known}")
             try:
                 OPS[op].bind(None, **kwargs)
             except TypeError as e:
