@@ -41,6 +41,7 @@ RANK_LABEL = "arctic-rl/rank"
 HOST_LABEL = "arctic-rl/host"
 HEAD_START_TIMEOUT_S = 120.0
 HEAD_GONE_GRACE_S = 30.0
+PROBE_TIMED_OUT = 3
 
 
 @dataclass(kw_only=True)
@@ -222,8 +223,8 @@ def stop_file(cfg: BootstrapConfig) -> Path:
 
 def probe_nodes(address: str, num_nodes: int, timeout_s: float) -> int:
     """Child-process side of wait_for_nodes: prints one JSON line {rank: host} per change; exit 0 once all
-    num_nodes ranks are alive, 1 on timeout. It runs in its own process because ray.init installs a C++
-    SIGTERM handler that would replace submitit's (and kill the launcher on a preemption signal)."""
+    num_nodes ranks are alive, PROBE_TIMED_OUT on timeout (a crash exits 1). It runs in its own process
+    because ray.init installs a C++ SIGTERM handler that would replace submitit's (and kill the launcher on a preemption signal)."""
     import ray
 
     ray.init(address=address, logging_level="ERROR", log_to_driver=False)
@@ -240,27 +241,37 @@ def probe_nodes(address: str, num_nodes: int, timeout_s: float) -> int:
         if len(ranks) >= num_nodes:
             return 0
         if time.monotonic() > deadline:
-            return 1
+            return PROBE_TIMED_OUT
         time.sleep(1.0)
 
 
 def wait_for_nodes(cfg: BootstrapConfig, address: str) -> dict[int, str]:
-    """Blocks until all cfg.num_nodes ranks are alive in Ray; the timeout error names the missing ones."""
-    argv = [sys.executable, "-m", "jobs.bootstrap", "--probe-nodes", address, str(cfg.num_nodes), str(cfg.register_timeout_s)]
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, env={**pythonpath_env(), **ray_auth_env(cfg)})
+    """Blocks until all cfg.num_nodes ranks are alive in Ray; the timeout error names the missing ones.
+    A probe that crashes (ray.init can fail to register with a raylet that is still starting on a loaded
+    machine) is restarted while time is left."""
+    deadline = time.monotonic() + cfg.register_timeout_s
     ranks: dict[int, str] = {}
-    for line in proc.stdout:
-        ranks = {int(r): host for r, host in json.loads(line).items()}
-        log(0, f"nodes registered: {len(ranks)}/{cfg.num_nodes} ({', '.join(sorted(ranks.values()))})")
-    if proc.wait() != 0 or len(ranks) < cfg.num_nodes:
-        missing = [r for r in range(cfg.num_nodes) if r not in ranks]
-        names = [f"rank {r}" + (f" (host {cfg.hostnames[r]})" if r < len(cfg.hostnames) else "") for r in missing]
-        raise TimeoutError(
-            f"Ray cluster incomplete after {cfg.register_timeout_s:.0f} s (register_timeout_s): "
-            f"{len(ranks)} of {cfg.num_nodes} nodes registered; missing {', '.join(names)}. "
-            f"Their logs: {cfg.job_dir / 'logs'}/ray-node<rank>.{attempt_id()}.log"
-        )
-    return ranks
+    while True:
+        remaining = max(1.0, deadline - time.monotonic())
+        argv = [sys.executable, "-m", "jobs.bootstrap", "--probe-nodes", address, str(cfg.num_nodes), str(remaining)]
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, env={**pythonpath_env(), **ray_auth_env(cfg)})
+        for line in proc.stdout:
+            ranks = {int(r): host for r, host in json.loads(line).items()}
+            log(0, f"nodes registered: {len(ranks)}/{cfg.num_nodes} ({', '.join(sorted(ranks.values()))})")
+        code = proc.wait()
+        if code == 0 and len(ranks) >= cfg.num_nodes:
+            return ranks
+        if code == PROBE_TIMED_OUT or time.monotonic() >= deadline:
+            break
+        log(0, f"node probe exited with code {code}; retrying")
+        time.sleep(2.0)
+    missing = [r for r in range(cfg.num_nodes) if r not in ranks]
+    names = [f"rank {r}" + (f" (host {cfg.hostnames[r]})" if r < len(cfg.hostnames) else "") for r in missing]
+    raise TimeoutError(
+        f"Ray cluster incomplete after {cfg.register_timeout_s:.0f} s (register_timeout_s): "
+        f"{len(ranks)} of {cfg.num_nodes} nodes registered; missing {', '.join(names)}. "
+        f"Their logs: {cfg.job_dir / 'logs'}/ray-node<rank>.{attempt_id()}.log"
+    )
 
 
 def pythonpath_env() -> dict[str, str]:
@@ -302,7 +313,8 @@ def run_command(cfg: BootstrapConfig, address: str) -> int:
             # Killed by a signal: most likely this node is being preempted (SIGTERM to the whole step) and
             # the launcher's USR2 handler is about to checkpoint and requeue; give it the chance before
             # reporting a failure that would end the job.
-            log(0, f"recipe command killed by {signal.Signals(-code).name}; waiting {cfg.signal_grace_s:.0f} s for a requeue")
+            name = signal.Signals(-code).name
+            log(0, f"recipe command killed by {name}; waiting {cfg.signal_grace_s:.0f} s for a requeue")
             time.sleep(cfg.signal_grace_s)
         return code
     finally:
@@ -361,7 +373,8 @@ def run_worker(cfg: BootstrapConfig) -> int:
             if not node.alive():
                 if stop_file(cfg).exists():
                     break
-                raise RuntimeError(f"rank {cfg.rank}: `ray start` exited with code {node.proc.returncode}; {node.log_hint()}")
+                code = node.proc.returncode
+                raise RuntimeError(f"rank {cfg.rank}: `ray start` exited with code {code}; {node.log_hint()}")
             # Without a shared stop signal (head killed hard), leave once the head is unreachable for a while.
             if port_open(address):
                 head_gone_since = None

@@ -76,4 +76,5 @@ def recipe(
         env={"PYTHONPATH": str(launch.REPO_ROOT), "ARCTIC_RL_JOB_DIR": str(job_dir)},
         max_retries=max_retries,
     )
-    return specs.AppDef(name=f"arctic-rl-{recipe}", roles=[role], metadata={"job_dir": str(job_dir), "command": shlex.join(cmd)})
+    metadata = {"job_dir": str(job_dir), "command": shlex.join(cmd)}
+    return specs.AppDef(name=f"arctic-rl-{recipe}", roles=[role], metadata=metadata)

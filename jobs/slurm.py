@@ -26,7 +26,10 @@ import submitit
 from arctic_rl.tracking import default_tracking_uri
 from jobs import bootstrap, launch
 
-FINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "BOOT_FAIL", "DEADLINE", "FINISHED", "INTERRUPTED"}
+FINAL_STATES = {
+    "COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "BOOT_FAIL", "DEADLINE", "FINISHED",
+    "INTERRUPTED",
+}
 
 
 class RecipeJob(submitit.helpers.Checkpointable):
@@ -68,7 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--partition", help="Slurm partition (default: the cluster's default)")
     s.add_argument("--time", default="60", help="time limit, minutes or [D-]HH:MM:SS (default 60)")
     s.add_argument("--account")
-    s.add_argument("--command", default=launch.DEFAULT_COMMAND, help=f"recipe command (default '{launch.DEFAULT_COMMAND}')")
+    s.add_argument("--command", default=launch.DEFAULT_COMMAND, help="recipe command (default '%(default)s')")
     s.add_argument("--job-root", default=launch.DEFAULT_JOB_ROOT, help="where job folders are created")
     s.add_argument("--cluster", choices=["slurm", "local", "debug"], default="slurm")
     s.add_argument("--max-requeues", type=int, default=3, help="requeues after time-out (preemptions are unlimited)")
@@ -80,7 +83,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def make_executor(args: argparse.Namespace, job_dir: Path) -> submitit.AutoExecutor:
-    executor = submitit.AutoExecutor(folder=job_dir / "submitit", cluster=args.cluster, slurm_max_num_timeout=args.max_requeues)
+    executor = submitit.AutoExecutor(
+        folder=job_dir / "submitit", cluster=args.cluster, slurm_max_num_timeout=args.max_requeues
+    )
     params: dict[str, Any] = {
         "name": f"arctic-rl-{args.recipe}", "nodes": args.nodes, "tasks_per_node": 1,
         "cpus_per_task": args.cpus_per_node, "timeout_min": launch.parse_slurm_time(args.time),
@@ -127,7 +132,8 @@ def submit(args: argparse.Namespace) -> submitit.Job:
     print(f"  stdout     : {job.paths.stdout}")
     print(f"  stderr     : {job.paths.stderr}")
     if args.cluster == "slurm":
-        print(f"  follow     : tail -f {job.paths.stdout}   |   squeue -j {job.job_id}   |   sacct -j {job.job_id}   |   scancel {job.job_id}")
+        jid = job.job_id
+        print(f"  follow     : tail -f {job.paths.stdout}  |  squeue -j {jid}  |  sacct -j {jid}  |  scancel {jid}")
     print(f"  MLflow     : experiment '{args.recipe}' at {template.tracking_uri}")
     return job
 
@@ -148,7 +154,8 @@ def wait(job: submitit.Job, poll_s: float = 3.0) -> bool:
     if error is not None:
         stderr = Path(job.paths.stderr)
         tail = stderr.read_text(errors="replace").splitlines()[-20:] if stderr.exists() else []
-        print("\n".join([f"  error: {str(error).splitlines()[-1] if str(error) else error!r}", "  last lines of stderr:", *tail]))
+        reason = str(error).splitlines()[-1] if str(error) else repr(error)
+        print("\n".join([f"  error: {reason}", "  last lines of stderr:", *tail]))
     outcome = "succeeded" if error is None else "failed"
     print(f"job {job.job_id} {outcome} after {time.monotonic() - t0:.0f} s; log {job.paths.stdout}")
     return error is None

@@ -39,7 +39,7 @@ def test_two_node_bootstrap_spreads_engines(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_missing_node_times_out_naming_it(tmp_path: Path) -> None:
-    argv = bootstrap_argv(tmp_path / "job", 0, 2, "node_a", 8) + ["--", sys.executable, "-c", "print('never')"]
+    argv = bootstrap_argv(tmp_path / "job", 0, 2, "node_a", 20) + ["--", sys.executable, "-c", "print('never')"]
     out = subprocess.run(argv, capture_output=True, text=True, timeout=300)
     assert out.returncode != 0
     assert "1 of 2 nodes registered; missing rank 1" in out.stderr, out.stderr[-3000:]
