@@ -224,7 +224,8 @@ def stop_file(cfg: BootstrapConfig) -> Path:
 def probe_nodes(address: str, num_nodes: int, timeout_s: float) -> int:
     """Child-process side of wait_for_nodes: prints one JSON line {rank: host} per change; exit 0 once all
     num_nodes ranks are alive, PROBE_TIMED_OUT on timeout (a crash exits 1). It runs in its own process
-    because ray.init installs a C++ SIGTERM handler that would replace submitit's (and kill the launcher on a preemption signal)."""
+    because ray.init installs a C++ SIGTERM handler that would replace submitit's (and kill the launcher on
+    a preemption signal)."""
     import ray
 
     ray.init(address=address, logging_level="ERROR", log_to_driver=False)
