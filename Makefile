@@ -1,0 +1,30 @@
+# The two commands a newcomer needs (both create or refresh .venv by themselves):
+#   make demo   the main job on the embedded default (GRPO text-to-SQL on the bundled model and data)
+#   make test   the full test suite (starts a one-node Slurm for the jobs tests; needs root + apt)
+PY := .venv/bin/python
+export HF_HUB_OFFLINE := 1
+export HF_DATASETS_OFFLINE := 1
+export RAY_AUTH_MODE := disabled
+export TOKENIZERS_PARALLELISM := false
+
+.PHONY: setup demo test test-fast slurm bench
+
+setup:
+	bash scripts/setup_env.sh
+
+demo: setup
+	$(PY) -m arctic_rl.cli run recipes/text2sql/configs/cpu_demo.yaml
+
+slurm:
+	bash scripts/slurm_setup.sh
+
+test: setup slurm
+	$(PY) -m pytest -q --durations=15
+
+test-fast: setup
+	$(PY) -m pytest -q -m "not slow"
+
+bench: setup
+	$(PY) benchmarks/backend.py
+	$(PY) benchmarks/zorro_train.py
+	$(PY) benchmarks/cascade_attention.py
