@@ -1,0 +1,334 @@
+"""The reference GRPO loop: a recipe run on arctic-rl's public client ops, step by timed step.
+
+    arctic-rl run tests/configs/tiny_loop.yaml model.name_or_path=/path/to/model
+    # or: from arctic_rl.loop import run; run(load_run_config(path, overrides))
+
+One step (verl's phase names, logged as timing_s/<phase>):
+  gen            take prompts_per_step examples (a seeded order, reshuffled each epoch), apply the chat
+                 template to `messages` + `assistant_prefix`, sample n responses each (seed from (seed, step))
+  reward         recipe.reward(assistant_prefix + text, example)
+  adv            GRPO / Dr.GRPO / RLOO over each prompt's group (arctic_rl.advantages)
+  old_log_prob   the trainer's log-probs of the samples (PPO's pi_old; in async mode the proximal policy)
+  ref            the reference model's log-probs, only when the loss has a KL term
+  update_actor   ppo_epochs x mini-batches (whole prompt groups, in order): forward_backward + optimizer_step
+  update_weights sync_weights: trainer -> sampler
+Checkpoints (checkpoint.every): the backend's save_checkpoint (weights, optimizer, scheduler) into
+<dir>/step_K, then loop_state.json (step, data position, RNG states, MLflow run id) written last and
+atomically: a step_K without it is half-written and resume skips it. The checkpoint dir must be on a
+filesystem the backend also sees (it writes there). Resume is exact in sync mode: the data order and
+sampling seeds are functions of (seed, step), and the sampler gets the resumed weights.
+Departures from verl: mini-batches are not reshuffled between PPO epochs; no critic, no eval phase.
+"""
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import random
+import re
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from arctic_rl import advantages, tracking
+from arctic_rl.batch import from_samples, group_rows, select_rows
+from arctic_rl.client.client import ArcticRLClient, create_arctic_rl_client
+from arctic_rl.errors import ConfigError
+from arctic_rl.pipeline import AsyncRollouts, Request, Rollout, SyncRollouts
+from arctic_rl.runconfig import RunConfig
+
+STATE_FILE = "loop_state.json"
+_STEP_DIR = re.compile(r"^step_(\d+)$")
+
+
+@dataclass
+class RunResult:
+    history: list[dict[str, float]]  # the metrics of each step run by this call
+    rewards: list[float]  # critic/rewards/mean of every step so far (across resumes)
+    run_id: str
+    checkpoint_dir: Path
+    wall_s: float
+    plot: Path | None = None
+
+
+@dataclass
+class LoopState:
+    step: int = 0  # steps done
+    run_id: str | None = None
+    rewards: list[float] = field(default_factory=list)
+
+
+# -- data order and prompts ----------------------------------------------------------------------------------
+def step_indices(step: int, num_examples: int, per_step: int, seed: int) -> list[int]:
+    """Example indices of `step` (1-based): a pure function of (seed, step), so resume needs no data state.
+    Epoch e visits the examples in permutation(seed, e); steps run across epoch boundaries."""
+    out = []
+    for g in range((step - 1) * per_step, step * per_step):
+        epoch, pos = divmod(g, num_examples)
+        out.append(int(_epoch_order(seed, epoch, num_examples)[pos]))
+    return out
+
+
+def _epoch_order(seed: int, epoch: int, n: int) -> np.ndarray:
+    return np.random.default_rng([seed, epoch]).permutation(n)
+
+
+def step_seed(seed: int, step: int) -> int:
+    """The sampling seed of a step: reproducible across resumes, different every step."""
+    return int(np.random.default_rng([seed, step, 7]).integers(2**31 - 1))
+
+
+def prompt_ids(tokenizer, example: dict) -> list[int]:
+    text = tokenizer.apply_chat_template(example["messages"], tokenize=False, add_generation_prompt=True)
+    # The template already holds any BOS: tokenize without adding special tokens again.
+    return tokenizer(text + example.get("assistant_prefix", ""), add_special_tokens=False)["input_ids"]
+
+
+# -- checkpoints ---------------------------------------------------------------------------------------------
+def latest_checkpoint(root: Path) -> Path | None:
+    """The complete step_K folder with the largest K (complete = loop_state.json was written)."""
+    if not root.is_dir():
+        return None
+    done = [(int(m.group(1)), p) for p in root.iterdir() if (m := _STEP_DIR.match(p.name))
+            and (p / STATE_FILE).is_file()]
+    return max(done)[1] if done else None
+
+
+def resume_path(cfg: RunConfig) -> Path | None:
+    if cfg.resume == "never":
+        return None
+    if cfg.resume == "auto":
+        return latest_checkpoint(cfg.checkpoint_dir)
+    path = Path(cfg.resume).expanduser()
+    if not (path / STATE_FILE).is_file():
+        raise ConfigError(f"resume={cfg.resume!r}: {path / STATE_FILE} does not exist (not a complete checkpoint)")
+    return path
+
+
+def save_checkpoint(client: ArcticRLClient, root: Path, state: LoopState) -> Path:
+    path = (root / f"step_{state.step}").resolve()
+    client.save_checkpoint(str(path))
+    np_state = np.random.get_state()
+    payload = {"step": state.step, "run_id": state.run_id, "rewards": state.rewards,
+               "rng": {"python": _jsonable(random.getstate()),
+                       "numpy": [np_state[0], np_state[1].tolist(), *np_state[2:]],
+                       "torch": torch.get_rng_state().tolist()}}
+    tmp = path / f".{STATE_FILE}.{os.getpid()}.tmp"
+    tmp.write_text(json.dumps(payload))
+    tmp.replace(path / STATE_FILE)  # last: its presence marks the checkpoint complete
+    return path
+
+
+def load_checkpoint(client: ArcticRLClient, path: Path) -> LoopState:
+    payload = json.loads((path / STATE_FILE).read_text())
+    client.load_checkpoint(str(path.resolve()))
+    client.sync_weights()  # the sampler must sample with the resumed weights
+    rng = payload["rng"]
+    random.setstate(_tupled(rng["python"]))
+    np.random.set_state((rng["numpy"][0], np.array(rng["numpy"][1], dtype=np.uint32), *rng["numpy"][2:]))
+    torch.set_rng_state(torch.tensor(rng["torch"], dtype=torch.uint8))
+    return LoopState(step=int(payload["step"]), run_id=payload.get("run_id"), rewards=list(payload["rewards"]))
+
+
+def _jsonable(x: Any) -> Any:
+    return [_jsonable(v) for v in x] if isinstance(x, (tuple, list)) else x
+
+
+def _tupled(x: Any) -> Any:
+    return tuple(_tupled(v) for v in x) if isinstance(x, list) else x
+
+
+# -- tracking ------------------------------------------------------------------------------------------------
+def open_tracker(cfg: RunConfig, run_id: str | None) -> tracking.Tracker:
+    """Continues the run a checkpoint names (same tracking store), else starts one."""
+    if run_id:
+        from mlflow.tracking import MlflowClient
+        mc = MlflowClient(tracking_uri=tracking.default_tracking_uri())
+        try:
+            run = mc.get_run(run_id)
+            mc.update_run(run_id, status="RUNNING")
+            return tracking.Tracker(mc, run_id, run.info.experiment_id)
+        except Exception:  # the store moved (another MLFLOW_TRACKING_URI): keep going in a new run
+            pass
+    tags = {tracking.TAG_FRAMEWORK: tracking.FRAMEWORK_ARCTIC, tracking.TAG_BACKEND: tracking.BACKEND_ARCTIC,
+            tracking.TAG_RECIPE: cfg.recipe.name, tracking.TAG_MODEL: cfg.model.name_or_path, **cfg.tracking.tags}
+    return tracking.Tracker.start(cfg.tracking.experiment or cfg.recipe.name, run_name=cfg.tracking.run_name,
+                                  tags=tags, params=cfg.model_dump(by_alias=True, mode="json"))
+
+
+# -- one step ------------------------------------------------------------------------------------------------
+def compute_advantages(cfg: RunConfig, scores_B: torch.Tensor, uids: list) -> torch.Tensor:
+    est = cfg.advantage.estimator
+    if est == "rloo":
+        return advantages.rloo(scores_B, uids)
+    return advantages.grpo(scores_B, uids, norm_by_std=(est == "grpo"), eps=cfg.advantage.eps)
+
+
+def train_step(cfg: RunConfig, client: ArcticRLClient, recipe, rollout: Rollout, pad_id: int,
+               before_sync) -> dict[str, float]:
+    n = cfg.sampling.n
+    t: dict[str, float] = {"gen": rollout.wait_s}
+    t0 = time.perf_counter()
+    completions = [ex.get("assistant_prefix", "") + s["text"]
+                   for i, ex in enumerate(rollout.examples) for s in rollout.samples[i * n:(i + 1) * n]]
+    examples_B = [ex for ex in rollout.examples for _ in range(n)]
+    scores_B = torch.tensor([float(recipe.reward(c, ex)) for c, ex in zip(completions, examples_B)])
+    t["reward"] = time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    uids = [f"{rollout.step}-{i // n}" for i in range(len(rollout.samples))]
+    batch = from_samples(rollout.samples, uids, pad_token_id=pad_id)
+    batch["advantages"] = compute_advantages(cfg, scores_B, uids)
+    t["adv"] = time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    batch["old_log_probs"] = client.log_probs(batch)["log_probs"]
+    t["old_log_prob"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    if cfg.use_reference:
+        batch["ref_log_prob"] = client.log_probs(batch, reference=True)["log_probs"]
+    t["ref"] = time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    loss_config = dict(cfg.loss.config)
+    if cfg.async_.enable:
+        loss_config.setdefault("rollout_is", "token")  # decoupled PPO: weight by pi_prox / pi_behaviour
+    groups = group_rows(batch)
+    per_mb = cfg.train.prompts_per_mini_batch
+    actor: dict[str, list[float]] = {}
+    for _ in range(cfg.train.ppo_epochs):
+        for g in range(0, len(groups), per_mb):
+            mini = select_rows(batch, [r for grp in groups[g:g + per_mb] for r in grp])
+            out = client.forward_backward(mini, cfg.loss.name, loss_config)
+            opt = client.optimizer_step()
+            for k, v in {**out, "actor/grad_norm": opt["grad_norm"], "actor/lr": opt["lr"]}.items():
+                if k.startswith(("actor/", "rollout_corr/")):
+                    actor.setdefault(k, []).append(float(v))
+    t["update_actor"] = time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    before_sync()  # async: rollouts in flight finish on the weights they started with
+    client.sync_weights()
+    t["update_weights"] = time.perf_counter() - t0
+
+    mask = batch["response_mask"].float()
+    metrics = {f"{tracking.TIMING_PREFIX}{k}": v for k, v in t.items()}
+    metrics.update({k: float(np.mean(v)) for k, v in actor.items()})
+    metrics[tracking.REWARD_MEAN] = float(scores_B.mean())
+    metrics[tracking.RESPONSE_LENGTH_MEAN] = float(mask.sum(-1).mean())
+    metrics["async/staleness"] = float(rollout.step - 1 - rollout.version)
+    metrics["async/gen_s"] = rollout.gen_s
+    metrics["_num_tokens"] = float(batch["attention_mask"].sum())
+    return metrics
+
+
+# -- the run -------------------------------------------------------------------------------------------------
+def run(cfg: RunConfig, client: ArcticRLClient | None = None, *, stop_after: int | None = None,
+        quiet: bool = False) -> RunResult:
+    """Runs steps up to train.steps (or `stop_after`, to simulate a stop). A given client is used and left
+    running; otherwise one is deployed for cfg and shut down at the end."""
+    from tqdm import tqdm
+    from transformers import AutoTokenizer
+
+    t_start = time.perf_counter()
+    recipe = importlib.import_module(f"recipes.{cfg.recipe.name}")
+    examples = recipe.load_examples("train", **cfg.recipe.options)
+    if not examples:
+        raise ConfigError(f"recipe {cfg.recipe.name!r} returned no train examples for options {cfg.recipe.options}")
+    tokenizer = AutoTokenizer.from_pretrained(cfg.model.name_or_path)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    random.seed(cfg.seed), np.random.seed(cfg.seed), torch.manual_seed(cfg.seed)
+
+    own_client = client is None
+    client = client or create_arctic_rl_client(cfg.client_config())
+    ckpt_root = cfg.checkpoint_dir
+    ckpt_root.mkdir(parents=True, exist_ok=True)
+    resume = resume_path(cfg)
+    state = load_checkpoint(client, resume) if resume else LoopState()
+    tracker = open_tracker(cfg, state.run_id)
+    state.run_id = tracker.run_id
+    last = min(cfg.train.steps, stop_after or cfg.train.steps)
+
+    sampling = {"n": cfg.sampling.n, "max_tokens": cfg.sampling.max_tokens, "temperature": cfg.sampling.temperature,
+                "top_p": cfg.sampling.top_p, "stop": list(cfg.sampling.stop)}
+
+    def make_request(step: int) -> Request:
+        exs = [examples[i] for i in step_indices(step, len(examples), cfg.train.prompts_per_step, cfg.seed)]
+        return [prompt_ids(tokenizer, ex) for ex in exs], {**sampling, "seed": step_seed(cfg.seed, step)}, exs
+
+    rollouts = (AsyncRollouts(client, make_request, cfg.async_.max_staleness, last) if cfg.async_.enable
+                else SyncRollouts(client, make_request))
+    num_gpus = client.config.training_gpus + (0 if client.config.colocate else
+                                              client.config.sampling_gpus + client.config.log_prob_gpus)
+    history: list[dict[str, float]] = []
+    status = "FAILED"
+    bar = tqdm(range(state.step + 1, last + 1), desc=f"arctic-rl {cfg.recipe.name}", unit="step",
+               disable=quiet, initial=state.step, total=last)
+    try:
+        for step in bar:
+            t0 = time.perf_counter()
+            rollout = rollouts.get(step)
+            metrics = train_step(cfg, client, recipe, rollout, pad_id, rollouts.before_sync)
+            metrics[tracking.TIMING_STEP] = time.perf_counter() - t0
+            metrics[tracking.PERF_THROUGHPUT] = metrics.pop("_num_tokens") / metrics[tracking.TIMING_STEP] / num_gpus
+            state.step = step
+            state.rewards.append(metrics[tracking.REWARD_MEAN])
+            tracker.log_metrics(metrics, step=step)
+            history.append(metrics)
+            if cfg.checkpoint.every and (step % cfg.checkpoint.every == 0 or step == cfg.train.steps):
+                save_checkpoint(client, ckpt_root, state)
+            bar.set_postfix(reward=f"{metrics[tracking.REWARD_MEAN]:.3f}")
+            if not quiet:
+                bar.write(_step_line(step, cfg.train.steps, metrics))
+        status = "FINISHED" if state.step >= cfg.train.steps else "KILLED"
+    finally:
+        rollouts.close()
+        bar.close()
+        tracker.end(status)
+        if own_client:
+            client.shutdown()
+    plot = plot_rewards(state.rewards, ckpt_root / "reward_curve.png", title=cfg.recipe.name)
+    result = RunResult(history, state.rewards, tracker.run_id, ckpt_root, time.perf_counter() - t_start, plot)
+    if not quiet:
+        print(summary_line(result), flush=True)
+    return result
+
+
+def _step_line(step: int, total: int, m: dict[str, float]) -> str:
+    phases = " ".join(f"{p} {m.get(tracking.TIMING_PREFIX + p, 0.0):.2f}s" for p in tracking.PHASES)
+    loss = m.get("actor/pg_loss", float("nan"))
+    return (f"step {step}/{total} | reward {m[tracking.REWARD_MEAN]:.3f} | len {m[tracking.RESPONSE_LENGTH_MEAN]:.1f}"
+            f" | pg_loss {loss:+.4f} | {phases} | {m[tracking.PERF_THROUGHPUT]:.0f} tok/s/gpu")
+
+
+def summary_line(r: RunResult) -> str:
+    first, last = r.rewards[:5], r.rewards[-5:]
+    mean = lambda xs: float(np.mean(xs)) if xs else float("nan")  # noqa: E731
+    return (f"arctic-rl: {len(r.rewards)} steps | reward first-5 {mean(first):.3f} -> last-5 {mean(last):.3f} | "
+            f"wall {r.wall_s:.1f}s | mlflow run {r.run_id} | checkpoints {r.checkpoint_dir}"
+            + (f" | curve {r.plot}" if r.plot else ""))
+
+
+def plot_rewards(rewards: list[float], path: Path, title: str = "") -> Path | None:
+    if not rewards:
+        return None
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    ax.plot(range(1, len(rewards) + 1), rewards, marker="o", ms=3)
+    ax.set_xlabel("step")
+    ax.set_ylabel(tracking.REWARD_MEAN)
+    ax.set_title(f"reward curve {title}".strip())
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    tmp = path.with_name(f".{path.stem}.{os.getpid()}.tmp.png")
+    fig.savefig(tmp, dpi=100)
+    plt.close(fig)
+    tmp.replace(path)
+    return path

@@ -1,0 +1,247 @@
+"""The run config of `arctic-rl run`: one YAML file, validated as a tree of pydantic models.
+
+    cfg = load_run_config("recipes/text2sql/configs/bird_qwen3_32b.yaml", ["train.steps=10"])
+    client_cfg = cfg.client_config()        # the ArcticRLClientConfig of the backend
+
+Sections: model, backend (ArcticRLClientConfig fields except model_name), recipe, sampling, train,
+loss, advantage, reference, async, checkpoint, resume, tracking, seed. Every model forbids unknown
+keys, so a typo is an error naming its dotted path (`train.stpes: Extra inputs are not permitted`).
+
+Overrides are `dotted.key=value`; the value is parsed as a YAML scalar (`train.steps=10` is an int,
+`sampling.stop=[]` a list, `resume=never` a string).
+
+Mapping to the backend, never silently: `model.dtype` becomes training_config.dtype unless the backend
+section sets it; `train.micro_batch_size` (prompt groups per forward pass) becomes
+training_config.micro_batch_size = groups x sampling.n rows; a conflicting explicit value is an error.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from arctic_rl.config import ArcticRLClientConfig
+from arctic_rl.errors import ConfigError
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+
+class YarnConfig(_Strict):
+    factor: float = Field(..., gt=1)
+    original_max_position_embeddings: int = Field(..., gt=0)
+
+
+class ModelConfig(_Strict):
+    name_or_path: str = Field(..., min_length=1)
+    dtype: Literal["bfloat16", "float32"] | None = None
+    yarn: YarnConfig | None = None
+    # Applied to the HF config in trainer, log-prob engine and sampler (ArcticRLClientConfig.model_overrides).
+    overrides: dict[str, Any] = Field(default_factory=dict)
+
+
+class RecipeConfig(_Strict):
+    name: str = Field(..., min_length=1, description="the package recipes.<name>")
+    options: dict[str, Any] = Field(default_factory=dict, description="load_examples('train', **options)")
+
+
+class SamplingConfig(_Strict):
+    n: int = Field(8, ge=1, description="responses per prompt (the GRPO group size)")
+    max_tokens: int = Field(256, ge=1)
+    temperature: float = Field(1.0, ge=0)
+    top_p: float = Field(1.0, gt=0, le=1)
+    stop: list[str] = Field(default_factory=list)
+
+
+class TrainConfig(_Strict):
+    steps: int = Field(..., ge=1)
+    prompts_per_step: int = Field(..., ge=1)
+    ppo_epochs: int = Field(1, ge=1)
+    mini_batch_size: int | None = Field(None, ge=1, description="prompts per optimizer step; None = prompts_per_step")
+    micro_batch_size: int | None = Field(None, ge=1, description="prompt groups per forward pass; None = backend's")
+
+    @model_validator(mode="after")
+    def _divides(self):
+        if self.mini_batch_size is not None and self.prompts_per_step % self.mini_batch_size:
+            raise ValueError(f"mini_batch_size={self.mini_batch_size} must divide "
+                             f"prompts_per_step={self.prompts_per_step}")
+        return self
+
+    @property
+    def prompts_per_mini_batch(self) -> int:
+        return self.mini_batch_size or self.prompts_per_step
+
+
+class LossConfig(_Strict):
+    name: str = "grpo"
+    config: dict[str, Any] = Field(default_factory=dict, description="the loss_config of forward_backward")
+
+
+class AdvantageConfig(_Strict):
+    estimator: Literal["grpo", "drgrpo", "rloo"] = "grpo"
+    eps: float = Field(1e-6, gt=0)
+
+
+class ReferenceConfig(_Strict):
+    enable: bool | None = Field(None, description="None: only when the loss uses a KL term (use_kl_loss)")
+
+
+class AsyncConfig(_Strict):
+    enable: bool = False
+    max_staleness: int = Field(1, ge=1, description="policy versions between the sampler and the trainer")
+
+
+class CheckpointConfig(_Strict):
+    dir: str | None = Field(None, description="None: runs/<recipe>/<run_name or 'run'>")
+    every: int = Field(0, ge=0, description="save every N steps (and at the last step); 0 = never")
+
+
+class TrackingConfig(_Strict):
+    experiment: str | None = Field(None, description="None: the recipe name")
+    run_name: str | None = None
+    tags: dict[str, str] = Field(default_factory=dict)
+
+
+class RunConfig(_Strict):
+    model: ModelConfig
+    backend: dict[str, Any] = Field(default_factory=dict, description="ArcticRLClientConfig fields but model_name")
+    recipe: RecipeConfig
+    sampling: SamplingConfig = SamplingConfig()
+    train: TrainConfig
+    loss: LossConfig = LossConfig()
+    advantage: AdvantageConfig = AdvantageConfig()
+    reference: ReferenceConfig = ReferenceConfig()
+    async_: AsyncConfig = Field(AsyncConfig(), alias="async")
+    checkpoint: CheckpointConfig = CheckpointConfig()
+    resume: str = Field("auto", min_length=1, description="auto (latest complete checkpoint) | never | a path")
+    tracking: TrackingConfig = TrackingConfig()
+    seed: int = 0
+
+    @model_validator(mode="after")
+    def _check_backend(self):
+        if "model_name" in self.backend:
+            raise ValueError("backend.model_name: set model.name_or_path instead")
+        self._client_config()  # the backend section is validated here, once, with its dotted names
+        return self
+
+    @property
+    def use_reference(self) -> bool:
+        if self.reference.enable is not None:
+            return self.reference.enable
+        return bool(self.loss.config.get("use_kl_loss", False))
+
+    @property
+    def checkpoint_dir(self) -> Path:
+        if self.checkpoint.dir:
+            return Path(self.checkpoint.dir).expanduser()
+        return Path("runs") / self.recipe.name / (self.tracking.run_name or "run")
+
+    def client_config(self) -> ArcticRLClientConfig:
+        """The backend's config: the backend section plus what the other sections imply."""
+        if self.model.yarn is not None:
+            # Building the rope dict needs recipes.longqa.yarn (and the model's rope_theta), which
+            # arctic_rl may not import; the section parses, running it is refused until it moves here.
+            raise ConfigError("model.yarn: not built by arctic_rl yet; put the rope settings in model.overrides "
+                              "(recipes.longqa.yarn.yarn_overrides(factor, original, rope_theta=...).hf_config)")
+        try:
+            return self._client_config()
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+
+    def _client_config(self) -> ArcticRLClientConfig:
+        data = _deep_copy(self.backend)
+        data["model_name"] = self.model.name_or_path
+        if self.model.overrides:
+            if data.get("model_overrides") not in (None, {}, self.model.overrides):
+                raise ValueError("model.overrides and backend.model_overrides disagree; set one of them")
+            data["model_overrides"] = dict(self.model.overrides)
+        training = data.setdefault("training_config", {})
+        if not isinstance(training, dict):
+            raise ValueError(f"backend.training_config must be a mapping, got {training!r}")
+        _imply(training, "dtype", self.model.dtype, "model.dtype", "backend.training_config.dtype")
+        if self.train.micro_batch_size is not None:
+            rows = self.train.micro_batch_size * self.sampling.n
+            _imply(training, "micro_batch_size", rows, "train.micro_batch_size x sampling.n",
+                   "backend.training_config.micro_batch_size")
+        data.setdefault("seed", self.seed)
+        try:
+            return ArcticRLClientConfig(**data)
+        except ConfigError as e:
+            msg = str(e).replace("invalid ArcticRLClientConfig: ", "backend.").replace("; ", "; backend.")
+            raise ValueError(msg.replace("backend.model_name", "model.name_or_path")) from None
+
+
+def _imply(section: dict, key: str, value: Any, source: str, target: str) -> None:
+    if value is None:
+        return
+    if key in section and section[key] != value:
+        raise ValueError(f"{target}={section[key]!r} disagrees with {source}={value!r}; set one of them")
+    section[key] = value
+
+
+def _deep_copy(d: Any) -> Any:
+    if isinstance(d, dict):
+        return {k: _deep_copy(v) for k, v in d.items()}
+    if isinstance(d, list):
+        return [_deep_copy(v) for v in d]
+    return d
+
+
+def apply_overrides(data: dict, overrides: list[str]) -> dict:
+    """`a.b.c=value` sets data["a"]["b"]["c"] (creating mappings); the value is a YAML scalar."""
+    out = _deep_copy(data)
+    for item in overrides:
+        key, sep, raw = item.partition("=")
+        if not sep or not key or any(not part for part in key.split(".")):
+            raise ConfigError(f"override {item!r}: expected dotted.key=value")
+        try:
+            value = yaml.safe_load(raw) if raw else ""
+        except yaml.YAMLError as e:
+            raise ConfigError(f"override {item!r}: value is not valid YAML ({e})") from None
+        node = out
+        parts = key.split(".")
+        for i, part in enumerate(parts[:-1]):
+            nxt = node.setdefault(part, {})
+            if nxt is None:
+                nxt = node[part] = {}
+            if not isinstance(nxt, dict):
+                where = ".".join(parts[:i + 1])
+                raise ConfigError(f"override {item!r}: {where} is {nxt!r}, not a mapping")
+            node = nxt
+        node[parts[-1]] = value
+    return out
+
+
+def parse_run_config(data: dict, overrides: list[str] | None = None, source: str = "config") -> RunConfig:
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: the run config must be a mapping, got {type(data).__name__}")
+    data = apply_overrides(data, overrides or [])
+    try:
+        return RunConfig.model_validate(data)
+    except ValidationError as e:
+        raise ConfigError(f"invalid run config {source}: " + _explain(e)) from None
+
+
+def load_run_config(path: str | Path, overrides: list[str] | None = None) -> RunConfig:
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"run config {str(path)!r} does not exist")
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise ConfigError(f"run config {str(path)!r} is not valid YAML: {e}") from None
+    return parse_run_config(data, overrides, source=str(path))
+
+
+def _explain(e: ValidationError) -> str:
+    lines = []
+    for err in e.errors():
+        loc = ".".join("async" if x == "async_" else str(x) for x in err["loc"])
+        msg = err["msg"].removeprefix("Value error, ")
+        val = err.get("input")
+        shown = "" if isinstance(val, dict) or err["type"] in ("value_error", "missing") else f" (got {val!r})"
+        lines.append(f"{loc}: {msg}{shown}" if loc else f"{msg}{shown}")
+    return "; ".join(lines)
