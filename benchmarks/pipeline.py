@@ -1,0 +1,62 @@
+"""Async vs sync reference loop on one workload and one deployment: step time of both, their ratio,
+and the limit overlap allows.
+
+Sync step  = gen + train + sync   (train = reward + adv + old_log_prob + ref + update_actor)
+Async step >= max(gen, train) + sync: generation of step t + 1 overlaps training of step t, but
+sync_weights waits for it (arctic_rl/pipeline.py), so the best speedup is
+(gen + train + sync) / (max(gen, train) + sync) <= (gen + train) / max(gen, train) <= 2.
+On a CPU-only machine the sampler and the trainer share the same cores, so the overlap mostly
+trades one's cores for the other's; on GPUs (split placement) they do not compete.
+
+    python benchmarks/pipeline.py                 # ~3 minutes on 2 cores
+    python benchmarks/pipeline.py --steps 4 --out /tmp/bench
+"""
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+from _loop_bench import bar_png, make_model, medians, run_config
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--steps", type=int, default=6)
+    p.add_argument("--prompts", type=int, default=4)
+    p.add_argument("--n", type=int, default=8)
+    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--out", type=Path, default=Path("outputs/bench_pipeline"))
+    a = p.parse_args()
+    a.out.mkdir(parents=True, exist_ok=True)
+    os.environ.setdefault("MLFLOW_TRACKING_URI", f"sqlite:///{a.out.resolve() / 'mlflow.db'}")
+    from arctic_rl import create_arctic_rl_client
+    from arctic_rl.loop import run
+
+    model = make_model(a.out / "model", hidden=128, layers=2)
+    backend = {"training_config": {"optimizer": {"lr": 1e-4}, "micro_batch_size": 16},
+               "vllm_config": {"max_seq_len": 512, "dtype": "float32"}}
+    kw = dict(steps=a.steps, prompts=a.prompts, n=a.n, max_tokens=a.max_tokens, filler_words=32, backend=backend)
+    cfg_sync = run_config(model, a.out / "sync", **kw)
+    cfg_async = run_config(model, a.out / "async", async_enable=True, **kw)
+    client = create_arctic_rl_client(cfg_sync.client_config())
+    try:
+        run(cfg_sync, client, quiet=True)  # warm-up pass: vLLM and DeepSpeed first-call costs
+        sync = medians(run(cfg_sync, client, quiet=True).history)
+        asyn = medians(run(cfg_async, client, quiet=True).history)
+    finally:
+        client.shutdown()
+    gen = sync["timing_s/gen"]
+    sync_s = sync["timing_s/update_weights"]
+    train = sync["timing_s/step"] - gen - sync_s
+    limit = (gen + train + sync_s) / (max(gen, train) + sync_s)
+    ratio = sync["timing_s/step"] / asyn["timing_s/step"]
+    png = bar_png(a.out / "pipeline.png", {"sync": sync, "async": asyn}, "reference loop: sync vs async")
+    print(f"sync  step {sync['timing_s/step']:.3f}s (gen {gen:.3f}s, train {train:.3f}s, sync {sync_s:.3f}s)")
+    print(f"async step {asyn['timing_s/step']:.3f}s (waited for gen {asyn['timing_s/gen']:.3f}s, "
+          f"gen ran {asyn.get('async/gen_s', float('nan')):.3f}s)")
+    print(f"speedup sync/async {ratio:.2f}x | limit (gen+train+sync)/(max(gen,train)+sync) = {limit:.2f}x | {png}")
+
+
+if __name__ == "__main__":
+    main()
