@@ -19,7 +19,13 @@ class RayTransport:
     def __init__(self, config: ArcticRLClientConfig):
         address = config.ray_address or os.environ.get("RAY_ADDRESS")
         if not ray.is_initialized():
-            ray.init(address=address, namespace=NAMESPACE, ignore_reinit_error=True, log_to_driver=False,
+            if not address:
+                # Embedded default: a private local Ray for this driver. Ray 2.60's token auth would make
+                # the deploy process (a second driver) fail to attach to it, so it is off for this one
+                # cluster unless the user chose a mode; real clusters keep their own settings.
+                os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+            # No address: a fresh local Ray ("local"), never whatever cluster happens to run on this host.
+            ray.init(address=address or "local", namespace=NAMESPACE, ignore_reinit_error=True, log_to_driver=False,
                      include_dashboard=False)
         if config.job_id is None:
             # Deploy on *this* Ray cluster (the one just started when there was none).

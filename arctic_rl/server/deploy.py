@@ -15,7 +15,7 @@ def init_ray(cfg: ArcticRLClientConfig) -> str:
     """Connects to cfg.ray_address / RAY_ADDRESS, or starts a local Ray; returns the GCS address."""
     if not ray.is_initialized():
         address = cfg.ray_address or os.environ.get("RAY_ADDRESS")
-        ray.init(address=address, namespace=NAMESPACE, ignore_reinit_error=True, log_to_driver=False,
+        ray.init(address=address or "local", namespace=NAMESPACE, ignore_reinit_error=True, log_to_driver=False,
                  include_dashboard=False, **({} if address else {"num_cpus": os.cpu_count()}))
     return ray.get_runtime_context().gcs_address
 
