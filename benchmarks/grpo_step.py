@@ -15,10 +15,14 @@ Each configuration gets its own deployment; the first step is a warm-up and is l
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
-from _loop_bench import PHASES, bar_png, make_model, medians, run_config
+# the shared helpers live in benchmarks/pipeline.py
+from pipeline import PHASES, bar_png, make_model, medians, run_config
 
 
 def main() -> None:
@@ -29,6 +33,7 @@ def main() -> None:
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--filler-words", type=int, default=1100, help="shared context words (~1 token each)")
     p.add_argument("--out", type=Path, default=Path("outputs/bench_grpo_step"))
+    p.add_argument("--only", choices=("off", "on"), help=argparse.SUPPRESS)  # internal: one config per process
     a = p.parse_args()
     a.out.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("MLFLOW_TRACKING_URI", f"sqlite:///{a.out.resolve() / 'mlflow.db'}")
@@ -42,16 +47,33 @@ def main() -> None:
     prompt_len = len(prompt_ids(tok, load_examples("train", 1, filler_words=a.filler_words)[0]))
     if prompt_len < 1024:
         raise SystemExit(f"--filler-words={a.filler_words} gives {prompt_len}-token prompts; need >= 1024")
-    results = {}
-    for name, on in (("off", False), ("on", True)):
+    if a.only is None:
+        # Each configuration in a fresh process (and local Ray): one run's engine teardown cannot
+        # disturb the other's start-up.
+        results = {}
+        for name in ("off", "on"):
+            subprocess.run([sys.executable, __file__, *sys.argv[1:], "--only", name], check=True)
+            results[name] = json.loads((a.out / f"{name}.json").read_text())
+        report(a, prompt_len, results)
+        return
+    for name, on in ((a.only, a.only == "on"),):
         backend = {"training_config": {"optimizer": {"lr": 1e-4}, "micro_batch_size": a.n,
                                        "zorro_train": {"enable": on}},
                    "arctic_inference_config": {"zorro_inference": {"enable": on}},
-                   "vllm_config": {"max_seq_len": prompt_len + a.max_tokens + 64, "dtype": "float32"}}
+                   # One prefill chunk for the whole step: vLLM-CPU fails seeded requests whose prefill is
+                   # chunked ("CPU Generator does not use offset"; the loop seeds every step).
+                   "vllm_config": {"max_seq_len": prompt_len + a.max_tokens + 64, "dtype": "float32",
+                                   "engine_kwargs": {"max_num_batched_tokens": 2 * a.prompts * a.n * prompt_len}}}
         cfg = run_config(model, a.out / name, steps=a.steps, prompts=a.prompts, n=a.n, max_tokens=a.max_tokens,
                          filler_words=a.filler_words, backend=backend, async_enable=on)
-        results[name] = medians(run(cfg, quiet=True).history)
-        print(f"[{name}] " + " ".join(f"{k} {v:.3f}" for k, v in results[name].items()), flush=True)
+        m = medians(run(cfg, quiet=True).history)
+        tmp = a.out / f".{name}.json.tmp"
+        tmp.write_text(json.dumps(m))
+        tmp.replace(a.out / f"{name}.json")
+        print(f"[{name}] " + " ".join(f"{k} {v:.3f}" for k, v in m.items()), flush=True)
+
+
+def report(a: argparse.Namespace, prompt_len: int, results: dict[str, dict[str, float]]) -> None:
     off, on = results["off"], results["on"]
     print(f"workload: {a.prompts} prompts x G={a.n}, prompt {prompt_len} tokens, <= {a.max_tokens} response tokens")
     print(f"{'phase':<26}{'off (s)':>10}{'on (s)':>10}{'off/on':>9}")
