@@ -43,9 +43,9 @@ def make_tiny_model(path: str | Path, family: str = "llama", *, hidden: int = 12
     tok = make_tokenizer(path)
     cfg = AutoConfig.for_model(family, vocab_size=len(tok), hidden_size=hidden, intermediate_size=2 * hidden,
                                num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv_heads,
-                               head_dim=hidden // heads, max_position_embeddings=2048, tie_word_embeddings=False,
+                               head_dim=hidden // heads, tie_word_embeddings=False,
                                eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, bos_token_id=None,
-                               **extra)
+                               **{"max_position_embeddings": 2048, **extra})
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(cfg).to(dtype)
     # Random init with std 0.02 gives near-uniform samples; larger weights make sampling less flat,
