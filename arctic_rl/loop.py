@@ -241,7 +241,9 @@ def run(cfg: RunConfig, client: ArcticRLClient | None = None, *, stop_after: int
         raise ConfigError(f"recipe {cfg.recipe.name!r} returned no train examples for options {cfg.recipe.options}")
     tokenizer = AutoTokenizer.from_pretrained(cfg.model.name_or_path)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    random.seed(cfg.seed), np.random.seed(cfg.seed), torch.manual_seed(cfg.seed)
+    random.seed(cfg.seed)
+    np.random.seed(cfg.seed)
+    torch.manual_seed(cfg.seed)
 
     own_client = client is None
     client = client or create_arctic_rl_client(cfg.client_config())
