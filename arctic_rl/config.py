@@ -65,6 +65,9 @@ class VLLMConfig(_Strict):
     dtype: Literal["auto", "bfloat16", "float16", "float32"] = "auto"
     max_num_seqs: int = Field(256, ge=1)
     enable_prefix_caching: bool = True
+    weight_sync: Literal["reload", "nccl"] = Field(
+        "reload", description="'reload': gathered state dict -> vLLM reload_weights (any device); "
+                              "'nccl': trainer rank 0 broadcasts into the vLLM workers (CUDA only)")
     cpu_kvcache_space_gb: float = Field(2.0, gt=0, description="CPU only: KV cache size (VLLM_CPU_KVCACHE_SPACE)")
     engine_kwargs: dict[str, Any] = Field(default_factory=dict, description="passed to vllm.LLM as is")
 

@@ -59,6 +59,9 @@ class SamplingWorker:
         if accelerator() == "cuda":
             kwargs["gpu_memory_utilization"] = vc.gpu_memory_utilization
             kwargs["enable_sleep_mode"] = self.cfg.colocate
+            if vc.weight_sync == "nccl":
+                from vllm.config import WeightTransferConfig
+                kwargs["weight_transfer_config"] = WeightTransferConfig(backend="nccl")
         if self.cfg.model_overrides:
             kwargs["hf_overrides"] = dict(self.cfg.model_overrides)
         if self.cfg.arctic_inference_config.zorro_inference.enable:
@@ -129,6 +132,20 @@ class SamplingWorker:
             for k, v in part.items():
                 total[k] = total.get(k, 0.0) + v
         return total
+
+    # -- CUDA NCCL weight transfer (engines/weight_sync.py drives these) ------------------------------
+    def tensor_parallel_size(self) -> int:
+        return self.cfg.vllm_config.tensor_parallel_size
+
+    def wt_init(self, init_info: dict) -> None:
+        self.llm.collective_rpc("init_weight_transfer_engine", kwargs={"init_info": init_info})
+
+    def wt_call(self, method: str, kwargs: dict | None = None) -> None:
+        if method not in ("start_weight_update", "update_weights", "finish_weight_update"):
+            raise ValueError(f"not a weight-transfer method: {method!r}")
+        self.llm.collective_rpc(method, kwargs=kwargs or {})
+        if method == "finish_weight_update":
+            self.llm.reset_prefix_cache()
 
     def sleep(self) -> None:
         if accelerator() == "cuda":

@@ -203,6 +203,16 @@ class TrainingWorker:
         return out if self.rank == 0 else None
 
 
+    def nccl_connect(self, samplers: list, master_port: int, num_sampler_workers: int) -> None:
+        """CUDA only: join vLLM's NCCL weight-transfer group (rank 0 is the sender)."""
+        from arctic_rl.engines.weight_sync import open_trainer_engine
+        import socket
+        self._wt = open_trainer_engine(self.module.model, self.cfg.training_config.zero_stage, self.rank, samplers,
+                                       socket.gethostbyname(socket.gethostname()), master_port, num_sampler_workers)
+
+    def nccl_send(self) -> None:
+        self._wt.send_weights()
+
     def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
         """Frozen workers only: replace the weights (e.g. reference := current policy)."""
         missing, unexpected = self.module.model.load_state_dict(state, strict=False)

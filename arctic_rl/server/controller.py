@@ -78,6 +78,12 @@ class Controller:
         # Wait for every engine; an engine that fails to start fails the deployment with its message.
         for engine, actors in self.groups.items():
             self._get([a.ping.remote() for a in actors], engine, timeout=None)
+        self.nccl = cfg.vllm_config.weight_sync == "nccl"
+        if self.nccl:
+            if ray.cluster_resources().get("GPU", 0) == 0:
+                raise ConfigError("vllm_config.weight_sync='nccl' needs GPUs; use 'reload' on CPU")
+            port, workers = _free_port(), cfg.sampling_gpus
+            self._get([t.nccl_connect.remote(self.samplers, port, workers) for t in self.trainers], "training", timeout=None)
         # The trainer/sampler log-prob gap with equal weights: the noise floor sync checks against.
         self._probe_baseline = self._probe_diff()[1]
 
@@ -208,11 +214,15 @@ class Controller:
     def sync_weights(self) -> dict[str, float]:
         t0 = time.time()
         with self._locked("training", "sampling"):
+            if self.nccl:  # trainer rank 0 broadcasts into the vLLM workers; no host copy
+                self._get([a.nccl_send.remote() for a in self.trainers], "training")
+                t_gather, secs = 0.0, [time.time() - t0]
             pairs = [a.full_state_and_norms.options(num_returns=2).remote() for a in self.trainers]
             state_ref, norms_ref = pairs[0]
             self._get([p[1] for p in pairs], "training")  # every rank took part (ZeRO-3 gathers)
-            t_gather = time.time() - t0
-            secs = self._get([s.update_weights.remote(state_ref) for s in self.samplers], "sampling")
+            if not self.nccl:
+                t_gather = time.time() - t0
+                secs = self._get([s.update_weights.remote(state_ref) for s in self.samplers], "sampling")
             trainer_norms = ray.get(norms_ref)
             sampler_norms = self._get([s.weight_sq_norms.remote() for s in self.samplers], "sampling")
         checked, worst = 0, 0.0

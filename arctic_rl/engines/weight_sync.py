@@ -1,0 +1,75 @@
+"""CUDA weight sync: trainer rank 0 broadcasts over NCCL straight into every vLLM worker, through
+vLLM's own weight-transfer API (`vllm.distributed.weight_transfer`, backend "nccl"): no host copy.
+
+Used when `vllm_config.weight_sync == "nccl"` on GPUs. The CPU path (and the CUDA default) hands
+the gathered state dict to vLLM's `reload_weights` instead (engines/sampling.py).
+Not run on this project's CPU machines (no GPU): written against vLLM 0.32's API and kept to the
+calls its own trainer engine makes (trainer_init -> send_weights).
+"""
+from __future__ import annotations
+
+from typing import Any, Iterator
+
+import ray
+import torch
+
+
+class SamplerGroupClient:
+    """vLLM's `VLLMWeightSyncClient` protocol over our sampling actors (each fans out to its TP workers)."""
+
+    def __init__(self, samplers: list):
+        self.samplers = samplers
+
+    def init_weight_transfer_engine(self, init_info: dict[str, Any]) -> None:
+        # Each replica's workers sit after the trainer's rank 0 and the previous replicas' workers.
+        refs, offset = [], 1
+        for s in self.samplers:
+            tp = ray.get(s.tensor_parallel_size.remote())
+            refs.append(s.wt_init.remote({**init_info, "rank_offset": offset}))
+            offset += tp
+        ray.get(refs)
+
+    def start_weight_update(self) -> None:
+        ray.get([s.wt_call.remote("start_weight_update") for s in self.samplers])
+
+    def update_weights(self, update_info: dict[str, Any]) -> None:
+        ray.get([s.wt_call.remote("update_weights", {"update_info": update_info}) for s in self.samplers])
+
+    def finish_weight_update(self, weight_version: str | None = None) -> None:
+        ray.get([s.wt_call.remote("finish_weight_update") for s in self.samplers])
+
+
+def zero_source(module: torch.nn.Module, zero_stage: int):
+    """A vLLM `WeightSource` over a DeepSpeed module; ZeRO-3 parameters are gathered one at a time
+    (a collective: every trainer rank iterates in lockstep, which vLLM's engine does on non-senders)."""
+    from vllm.distributed.weight_transfer.base import ParamMeta, WeightSource
+
+    class _Source(WeightSource):
+        def metadata(self) -> list[ParamMeta]:
+            out = []
+            for name, p in module.named_parameters():
+                shape = tuple(p.ds_shape) if hasattr(p, "ds_shape") else tuple(p.shape)
+                out.append(ParamMeta(name, p.dtype, shape))
+            return out
+
+        def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
+            import deepspeed
+            for name, p in module.named_parameters():
+                if zero_stage == 3:
+                    with deepspeed.zero.GatheredParameters([p]):
+                        yield name, p.detach().clone()
+                else:
+                    yield name, p.detach()
+
+    return _Source()
+
+
+def open_trainer_engine(module, zero_stage: int, rank: int, samplers: list, master_address: str, master_port: int,
+                        num_sampler_workers: int):
+    """Trainer side; every trainer rank calls it (rank 0 becomes the NCCL sender)."""
+    from vllm.distributed.weight_transfer.nccl_engine import NCCLTrainerInitInfo, NCCLTrainerWeightTransferEngine
+
+    info = NCCLTrainerInitInfo(master_address=master_address, master_port=master_port,
+                               world_size=1 + num_sampler_workers, rank=rank)
+    return NCCLTrainerWeightTransferEngine.trainer_init(info, client=SamplerGroupClient(samplers),
+                                                        source=zero_source(module, zero_stage))
