@@ -1,0 +1,122 @@
+"""verl's PPO/GRPO trainer with arctic-rl as actor, rollout and reference: a custom task runner for verl 0.9.1.
+
+    python -m recipes.verl.main <verl overrides ...>     # same Hydra config and overrides as verl.trainer.main_ppo
+
+It is verl's `main_ppo` with one difference in the role -> worker wiring: `Role.ActorRollout[Ref]` is
+`ArcticActorRolloutRefWorker` (one process, no GPU of its own: arctic-rl places its engines), and the rollout /
+weight-sync plug-ins point at arctic-rl (recipes/verl/rollout.py). Then verl's own `RayPPOTrainer.init_workers()`
+and `fit()` run unchanged: verl's data loader, reward loop, advantage estimator, KL, metrics and logger.
+"""
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+
+import hydra
+import ray
+from omegaconf import OmegaConf, open_dict
+
+import recipes.verl  # noqa: F401  registers the "arctic" rollout backend
+import verl
+from verl.trainer.main_ppo_v0 import BaseTaskRunner
+
+VERL_CONFIG_DIR = str(Path(verl.__file__).parent / "trainer" / "config")
+ARCTIC_DEFAULTS = {
+    "actor_rollout_ref.rollout.name": "arctic",
+    "actor_rollout_ref.rollout.agent.agent_loop_manager_class": "recipes.verl.rollout.ArcticAgentLoopManager",
+    "actor_rollout_ref.rollout.checkpoint_manager_class": "recipes.verl.rollout.ArcticCheckpointManager",
+}
+
+
+def apply_arctic_defaults(config) -> None:
+    with open_dict(config):
+        for key, val in ARCTIC_DEFAULTS.items():
+            OmegaConf.update(config, key, val, force_add=True)
+        # The verl worker group is one CPU process; arctic-rl's deployment owns the accelerators.
+        config.trainer.balance_batch = False
+
+
+class ArcticResourcePoolManager:
+    """verl's ResourcePoolManager, with CPU bundles: the worker is a client, its engines are arctic-rl's."""
+
+    @staticmethod
+    def build(spec, mapping):
+        from verl.single_controller.ray import RayResourcePool
+        from verl.trainer.ppo.ray_trainer import ResourcePoolManager
+
+        class _Mgr(ResourcePoolManager):
+            def create_resource_pool(self):
+                for name, procs in self.resource_pool_spec.items():
+                    self.resource_pool_dict[name] = RayResourcePool(process_on_nodes=procs, use_gpu=False,
+                                                                    max_colocate_count=self.max_colocate_count,
+                                                                    name_prefix=name)
+
+        return _Mgr(resource_pool_spec=spec, mapping=mapping)
+
+
+class _ArcticTaskRunner(BaseTaskRunner):
+    def add_actor_rollout_worker(self, config):
+        from verl.single_controller.ray import RayWorkerGroup
+        from verl.trainer.ppo.ray_trainer import Role
+        from verl.trainer.ppo.utils import need_reference_policy
+
+        from recipes.verl.worker import ArcticActorRolloutRefWorker
+
+        role = Role.ActorRolloutRef if need_reference_policy(config) else Role.ActorRollout
+        self.role_worker_mapping[role] = ray.remote(ArcticActorRolloutRefWorker)
+        self.mapping[role] = "global_pool"
+        return ArcticActorRolloutRefWorker, RayWorkerGroup
+
+    def init_resource_pool_mgr(self, config):
+        return ArcticResourcePoolManager.build({"global_pool": [1]}, self.mapping)
+
+    def run(self, config):
+        from verl.trainer.ppo.ray_trainer import RayPPOTrainer
+        from verl.trainer.ppo.utils import create_rl_dataset, create_rl_sampler
+        from verl.utils.config import omega_conf_to_dataclass
+        from verl.utils.dataset.rl_dataset import collate_fn
+        from verl.workers.config import HFModelConfig
+
+        print(f"arctic-rl verl TaskRunner on {socket.gethostname()} pid {os.getpid()}", flush=True)
+        OmegaConf.resolve(config)
+        _, wg_cls = self.add_actor_rollout_worker(config)
+        model_config: HFModelConfig = omega_conf_to_dataclass(config.actor_rollout_ref.model)
+        tokenizer, processor = model_config.tokenizer, model_config.processor
+        train = create_rl_dataset(config.data.train_files, config.data, tokenizer, processor, is_train=True,
+                                  max_samples=config.data.get("train_max_samples", -1))
+        val = create_rl_dataset(config.data.val_files, config.data, tokenizer, processor, is_train=False,
+                                max_samples=config.data.get("val_max_samples", -1))
+        trainer = RayPPOTrainer(config=config, tokenizer=tokenizer, processor=processor,
+                                role_worker_mapping=self.role_worker_mapping,
+                                resource_pool_manager=self.init_resource_pool_mgr(config), ray_worker_group_cls=wg_cls,
+                                train_dataset=train, val_dataset=val, collate_fn=collate_fn,
+                                train_sampler=create_rl_sampler(config.data, train))
+        trainer.init_workers()
+        trainer.async_rollout_manager.attach(trainer.actor_rollout_wg)
+        try:
+            trainer.fit()
+        finally:
+            trainer.actor_rollout_wg.arctic_shutdown()
+
+
+ArcticTaskRunner = ray.remote(num_cpus=0)(_ArcticTaskRunner)
+
+
+def run(config) -> None:
+    from verl.trainer.main_ppo import run_ppo
+    from verl.utils.config import validate_config
+    from verl.trainer.ppo.utils import need_critic, need_reference_policy
+
+    apply_arctic_defaults(config)
+    validate_config(config=config, use_reference_policy=need_reference_policy(config), use_critic=need_critic(config))
+    run_ppo(config, task_runner_class=ArcticTaskRunner)
+
+
+@hydra.main(config_path=VERL_CONFIG_DIR, config_name="ppo_trainer", version_base=None)
+def main(config):
+    run(config)
+
+
+if __name__ == "__main__":
+    main()
