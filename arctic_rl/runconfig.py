@@ -124,7 +124,7 @@ class RunConfig(_Strict):
     def _check_backend(self):
         if "model_name" in self.backend:
             raise ValueError("backend.model_name: set model.name_or_path instead")
-        self._client_config()  # the backend section is validated here, once, with its dotted names
+        self._client_config(resolve_yarn=False)  # the backend section is validated here, with its dotted names
         return self
 
     @property
@@ -141,23 +141,31 @@ class RunConfig(_Strict):
 
     def client_config(self) -> ArcticRLClientConfig:
         """The backend's config: the backend section plus what the other sections imply."""
-        if self.model.yarn is not None:
-            # Building the rope dict needs recipes.longqa.yarn (and the model's rope_theta), which
-            # arctic_rl may not import; the section parses, running it is refused until it moves here.
-            raise ConfigError("model.yarn: not built by arctic_rl yet; put the rope settings in model.overrides "
-                              "(recipes.longqa.yarn.yarn_overrides(factor, original, rope_theta=...).hf_config)")
         try:
-            return self._client_config()
+            return self._client_config(resolve_yarn=True)
         except ValueError as e:
             raise ConfigError(str(e)) from None
 
-    def _client_config(self) -> ArcticRLClientConfig:
+    def _client_config(self, resolve_yarn: bool) -> ArcticRLClientConfig:
         data = _deep_copy(self.backend)
         data["model_name"] = self.model.name_or_path
-        if self.model.overrides:
-            if data.get("model_overrides") not in (None, {}, self.model.overrides):
-                raise ValueError("model.overrides and backend.model_overrides disagree; set one of them")
-            data["model_overrides"] = dict(self.model.overrides)
+        overrides = dict(self.model.overrides)
+        if self.model.yarn is not None and resolve_yarn:
+            # One switch, the same rope dict for trainer, reference and sampler (arctic_rl.yarn). It needs
+            # the model's own rope_theta, so it is resolved when the run starts, not when the YAML parses.
+            from arctic_rl.yarn import rope_theta_of, yarn_overrides
+            from transformers import AutoConfig
+            try:
+                theta = rope_theta_of(AutoConfig.from_pretrained(self.model.name_or_path))
+            except (OSError, ValueError) as e:
+                raise ValueError(f"model.yarn: cannot read rope_theta of model.name_or_path="
+                                 f"{self.model.name_or_path!r}: {str(e).splitlines()[0]}") from None
+            y = self.model.yarn
+            overrides.update(yarn_overrides(y.factor, y.original_max_position_embeddings, rope_theta=theta).hf_config)
+        if overrides:
+            if data.get("model_overrides") not in (None, {}, overrides):
+                raise ValueError("model.overrides/model.yarn and backend.model_overrides disagree; set one of them")
+            data["model_overrides"] = overrides
         training = data.setdefault("training_config", {})
         if not isinstance(training, dict):
             raise ValueError(f"backend.training_config must be a mapping, got {training!r}")

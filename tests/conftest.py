@@ -2,7 +2,9 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
+import time
 import sys
 from pathlib import Path
 
@@ -33,11 +35,25 @@ def ray_cluster(tmp_path_factory):
     state = tmp_path_factory.mktemp("arctic-state")
     os.environ["ARCTIC_RL_STATE_DIR"] = str(state)
     port = "6391"
-    subprocess.run([RAY, "start", "--head", f"--port={port}", "--num-cpus=2", "--include-dashboard=false",
-                    "--disable-usage-stats"], check=True, capture_output=True, env={**os.environ})
-    os.environ["RAY_ADDRESS"] = f"127.0.0.1:{port}"
-    yield os.environ["RAY_ADDRESS"]
+    # `ray start --block` in its own session: teardown stops exactly this cluster (`ray stop` would
+    # kill every Ray on the machine, other people's included).
+    head = subprocess.Popen([RAY, "start", "--head", "--block", f"--port={port}", "--num-cpus=2",
+                             "--include-dashboard=false", "--disable-usage-stats"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+                            env={**os.environ})
+    address = f"127.0.0.1:{port}"
+    deadline = time.time() + 120
+    while subprocess.run([RAY, "status", f"--address={address}"], capture_output=True).returncode != 0:
+        if head.poll() is not None or time.time() > deadline:
+            raise RuntimeError(f"ray head did not come up on {address} (exit {head.poll()})")
+        time.sleep(1)
+    os.environ["RAY_ADDRESS"] = address
+    yield address
     if ray.is_initialized():
         ray.shutdown()
-    subprocess.run([RAY, "stop", "--force"], capture_output=True)
+    os.killpg(head.pid, signal.SIGTERM)
+    try:
+        head.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        os.killpg(head.pid, signal.SIGKILL)
     os.environ.pop("RAY_ADDRESS", None)

@@ -7,7 +7,7 @@ import torch
 
 from arctic_rl import ArcticRLClientConfig, create_arctic_rl_client
 from arctic_rl.batch import from_samples
-from recipes.longqa.yarn import yarn_overrides
+from arctic_rl.yarn import yarn_overrides
 from tiny_models import make_tiny_model
 
 pytestmark = pytest.mark.slow

@@ -5,7 +5,7 @@ from pathlib import Path
 import yaml
 
 import recipes.longqa as longqa
-from recipes.longqa.yarn import yarn_overrides
+from arctic_rl.yarn import yarn_overrides
 
 CONFIG = Path(longqa.__file__).parent / "configs" / "longqa_qwen3_32b.yaml"
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from recipes.longqa.yarn import rope_theta_of, yarn_overrides
+from arctic_rl.yarn import rope_theta_of, yarn_overrides
 
 ORIGINAL = 64
 

@@ -30,8 +30,15 @@ def test_shipped_configs_load():
     assert cc.arctic_inference_config.zorro_inference.enable
     longqa = load_run_config(LONGQA)
     assert longqa.model.yarn.factor == 4.0
-    with pytest.raises(ConfigError, match=r"model\.yarn"):  # parses; building the backend config is refused
+    with pytest.raises(ConfigError, match=r"model\.yarn: cannot read rope_theta"):  # hub name, offline
         longqa.client_config()
+
+
+def test_yarn_switch_sets_the_backend_overrides(tiny_llama):
+    cfg = load_run_config(LONGQA, [f"model.name_or_path={tiny_llama}"]).client_config()
+    rope = cfg.model_overrides["rope_parameters"]
+    assert rope["rope_type"] == "yarn" and rope["factor"] == 4.0 and rope["rope_theta"] == 10000.0
+    assert cfg.model_overrides["max_position_embeddings"] == 4 * rope["original_max_position_embeddings"]
 
 
 def test_overrides_are_yaml_scalars():

@@ -62,6 +62,10 @@ class SamplingWorker:
             if vc.weight_sync == "nccl":
                 from vllm.config import WeightTransferConfig
                 kwargs["weight_transfer_config"] = WeightTransferConfig(backend="nccl")
+        if accelerator() == "cpu":
+            # vLLM-CPU fails a seeded request whose prefill is split into chunks ("CPU Generator does
+            # not use offset"); the loop always seeds, so prefill runs whole on CPU.
+            kwargs["enable_chunked_prefill"] = False
         if self.cfg.model_overrides:
             kwargs["hf_overrides"] = dict(self.cfg.model_overrides)
         if self.cfg.arctic_inference_config.zorro_inference.enable:
