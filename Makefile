@@ -13,7 +13,7 @@ setup:
 	bash scripts/setup_env.sh
 
 demo: setup
-	$(PY) -m arctic_rl.cli run recipes/text2sql/configs/cpu_demo.yaml
+	$(PY) -m arctic_rl.cli run recipes/text2sql/configs/cpu_demo.yaml model.name_or_path=demo
 
 slurm:
 	bash scripts/slurm_setup.sh

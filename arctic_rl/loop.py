@@ -239,7 +239,7 @@ def run(cfg: RunConfig, client: ArcticRLClient | None = None, *, stop_after: int
     examples = recipe.load_examples("train", **cfg.recipe.options)
     if not examples:
         raise ConfigError(f"recipe {cfg.recipe.name!r} returned no train examples for options {cfg.recipe.options}")
-    tokenizer = AutoTokenizer.from_pretrained(cfg.model.name_or_path)
+    tokenizer = AutoTokenizer.from_pretrained(cfg.model.path)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     random.seed(cfg.seed)
     np.random.seed(cfg.seed)

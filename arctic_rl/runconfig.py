@@ -36,7 +36,15 @@ class YarnConfig(_Strict):
 
 
 class ModelConfig(_Strict):
+    # "demo": the bundled SmolLM2-135M-Instruct (arctic_rl.demo_model), converted and cached on first use.
     name_or_path: str = Field(..., min_length=1)
+
+    @property
+    def path(self) -> str:
+        if self.name_or_path == "demo":
+            from arctic_rl.demo_model import demo_model_path
+            return str(demo_model_path())
+        return self.name_or_path
     dtype: Literal["bfloat16", "float32"] | None = None
     yarn: YarnConfig | None = None
     # Applied to the HF config in trainer, log-prob engine and sampler (ArcticRLClientConfig.model_overrides).
@@ -148,7 +156,7 @@ class RunConfig(_Strict):
 
     def _client_config(self, resolve_yarn: bool) -> ArcticRLClientConfig:
         data = _deep_copy(self.backend)
-        data["model_name"] = self.model.name_or_path
+        data["model_name"] = self.model.path if resolve_yarn else self.model.name_or_path
         overrides = dict(self.model.overrides)
         if self.model.yarn is not None and resolve_yarn:
             # One switch, the same rope dict for trainer, reference and sampler (arctic_rl.yarn). It needs
@@ -156,7 +164,7 @@ class RunConfig(_Strict):
             from arctic_rl.yarn import rope_theta_of, yarn_overrides
             from transformers import AutoConfig
             try:
-                theta = rope_theta_of(AutoConfig.from_pretrained(self.model.name_or_path))
+                theta = rope_theta_of(AutoConfig.from_pretrained(self.model.path))
             except (OSError, ValueError) as e:
                 raise ValueError(f"model.yarn: cannot read rope_theta of model.name_or_path="
                                  f"{self.model.name_or_path!r}: {str(e).splitlines()[0]}") from None
