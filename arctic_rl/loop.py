@@ -17,7 +17,9 @@ Checkpoints (checkpoint.every): the backend's save_checkpoint (weights, optimize
 atomically: a step_K without it is half-written and resume skips it. The checkpoint dir must be on a
 filesystem the backend also sees (it writes there). Resume is exact in sync mode: the data order and
 sampling seeds are functions of (seed, step), and the sampler gets the resumed weights.
-Departures from verl: mini-batches are not reshuffled between PPO epochs; no critic, no eval phase.
+Eval (eval.split): greedy decoding on a held-out split before step 1, every eval.every steps and after the
+last step; eval/accuracy is the share of examples whose reward is >= 1 (the recipe's full-credit answer).
+Departures from verl: mini-batches are not reshuffled between PPO epochs; no critic.
 """
 from __future__ import annotations
 
@@ -53,6 +55,26 @@ class RunResult:
     checkpoint_dir: Path
     wall_s: float
     plot: Path | None = None
+    eval_accuracy: dict[int, float] = field(default_factory=dict)  # step (0 = before training) -> accuracy
+
+
+@dataclass
+class EvalResult:
+    accuracy: float
+    reward_mean: float
+    num_examples: int
+    seconds: float
+
+
+def evaluate(client: ArcticRLClient, recipe, examples: list[dict], tokenizer, cfg: RunConfig) -> EvalResult:
+    """Greedy decoding over `examples`; accuracy = share whose reward reaches full credit (>= 1)."""
+    t0 = time.perf_counter()
+    params = {"n": 1, "max_tokens": cfg.eval.max_tokens or cfg.sampling.max_tokens, "temperature": 0.0,
+              "stop": list(cfg.sampling.stop)}
+    samples = client.generate([prompt_ids(tokenizer, ex) for ex in examples], params)
+    rewards = [float(recipe.reward(ex.get("assistant_prefix", "") + s["text"], ex)) for s, ex in zip(samples, examples)]
+    return EvalResult(float(np.mean([r >= 1.0 for r in rewards])), float(np.mean(rewards)), len(examples),
+                      time.perf_counter() - t0)
 
 
 @dataclass
@@ -266,11 +288,27 @@ def run(cfg: RunConfig, client: ArcticRLClient | None = None, *, stop_after: int
                 else SyncRollouts(client, make_request))
     num_gpus = client.config.training_gpus + (0 if client.config.colocate else
                                               client.config.sampling_gpus + client.config.log_prob_gpus)
+    eval_examples = recipe.load_examples(cfg.eval.split, **cfg.recipe.options) if cfg.eval.split else []
+    eval_examples = eval_examples[:cfg.eval.limit] if cfg.eval.limit else eval_examples
+    evals: dict[int, EvalResult] = {}
+
+    def run_eval(step: int) -> None:
+        if not eval_examples or step in evals:
+            return
+        r = evaluate(client, recipe, eval_examples, tokenizer, cfg)
+        evals[step] = r
+        tracker.log_metrics({"eval/accuracy": r.accuracy, "eval/reward/mean": r.reward_mean,
+                             "timing_s/eval": r.seconds}, step=step)
+        if not quiet:
+            print(f"eval ({cfg.eval.split}, {r.num_examples} examples, greedy) after step {step}: "
+                  f"accuracy {r.accuracy:.1%}, reward {r.reward_mean:.3f} ({r.seconds:.0f}s)", flush=True)
+
     history: list[dict[str, float]] = []
     status = "FAILED"
     bar = tqdm(range(state.step + 1, last + 1), desc=f"arctic-rl {cfg.recipe.name}", unit="step",
                disable=quiet, initial=state.step, total=last)
     try:
+        run_eval(state.step)
         for step in bar:
             t0 = time.perf_counter()
             rollout = rollouts.get(step)
@@ -286,6 +324,10 @@ def run(cfg: RunConfig, client: ArcticRLClient | None = None, *, stop_after: int
             bar.set_postfix(reward=f"{metrics[tracking.REWARD_MEAN]:.3f}")
             if not quiet:
                 bar.write(_step_line(step, cfg.train.steps, metrics))
+            if cfg.eval.every and step % cfg.eval.every == 0:
+                run_eval(step)
+        if state.step >= cfg.train.steps:
+            run_eval(state.step)
         status = "FINISHED" if state.step >= cfg.train.steps else "KILLED"
     finally:
         rollouts.close()
@@ -294,7 +336,8 @@ def run(cfg: RunConfig, client: ArcticRLClient | None = None, *, stop_after: int
         if own_client:
             client.shutdown()
     plot = plot_rewards(state.rewards, ckpt_root / "reward_curve.png", title=cfg.recipe.name)
-    result = RunResult(history, state.rewards, tracker.run_id, ckpt_root, time.perf_counter() - t_start, plot)
+    result = RunResult(history, state.rewards, tracker.run_id, ckpt_root, time.perf_counter() - t_start, plot,
+                       {k: v.accuracy for k, v in evals.items()})
     if not quiet:
         print(summary_line(result), flush=True)
     return result
@@ -310,7 +353,11 @@ def _step_line(step: int, total: int, m: dict[str, float]) -> str:
 def summary_line(r: RunResult) -> str:
     first, last = r.rewards[:5], r.rewards[-5:]
     mean = lambda xs: float(np.mean(xs)) if xs else float("nan")  # noqa: E731
-    return (f"arctic-rl: {len(r.rewards)} steps | reward first-5 {mean(first):.3f} -> last-5 {mean(last):.3f} | "
+    ev = ""
+    if len(r.eval_accuracy) >= 2:
+        (s0, a0), (s1, a1) = min(r.eval_accuracy.items()), max(r.eval_accuracy.items())
+        ev = f"eval accuracy step {s0} {a0:.1%} -> step {s1} {a1:.1%} | "
+    return (f"arctic-rl: {len(r.rewards)} steps | reward first-5 {mean(first):.3f} -> last-5 {mean(last):.3f} | {ev}"
             f"wall {r.wall_s:.1f}s | mlflow run {r.run_id} | checkpoints {r.checkpoint_dir}"
             + (f" | curve {r.plot}" if r.plot else ""))
 

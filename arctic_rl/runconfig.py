@@ -113,6 +113,15 @@ class TrackingConfig(_Strict):
     tags: dict[str, str] = Field(default_factory=dict)
 
 
+class EvalConfig(_Strict):
+    """Greedy decoding on a held-out split before the first step and after the last (and every `every`
+    steps): `eval/accuracy` = share of examples whose reward is >= 1 (execution match, exact match)."""
+    split: str | None = Field(None, description="None = no eval; e.g. 'dev'")
+    every: int = Field(0, ge=0, description="also every N steps (0: only before and after)")
+    max_tokens: int | None = Field(None, ge=1, description="None = sampling.max_tokens")
+    limit: int | None = Field(None, ge=1, description="first N examples of the split")
+
+
 class RunConfig(_Strict):
     model: ModelConfig
     backend: dict[str, Any] = Field(default_factory=dict, description="ArcticRLClientConfig fields but model_name")
@@ -126,6 +135,7 @@ class RunConfig(_Strict):
     checkpoint: CheckpointConfig = CheckpointConfig()
     resume: str = Field("auto", min_length=1, description="auto (latest complete checkpoint) | never | a path")
     tracking: TrackingConfig = TrackingConfig()
+    eval: EvalConfig = EvalConfig()
     seed: int = 0
 
     @model_validator(mode="after")
