@@ -122,6 +122,9 @@ class ArcticAgentLoopManager:
         out = samples_to_dataproto(samples, int(rc.prompt_length), int(rc.response_length), pad, scores=scores)
         for k, v in extra.items():
             out.non_tensor_batch[k] = np.array(v, dtype=object)
+        mm = np.empty(len(samples), dtype=object)
+        mm[:] = [{} for _ in samples]  # verl's agent loop output carries one (here empty) dict per row
+        out.non_tensor_batch["multi_modal_inputs"] = mm
         out.meta_info["reward_extra_keys"] = list(extra)
         out.meta_info["timing"] = {"generate_sequences": gen_s, "reward_loop": reward_s}
         return out
