@@ -65,9 +65,10 @@ class VLLMConfig(_Strict):
     dtype: Literal["auto", "bfloat16", "float16", "float32"] = "auto"
     max_num_seqs: int = Field(256, ge=1)
     enable_prefix_caching: bool = True
-    weight_sync: Literal["reload", "nccl"] = Field(
+    weight_sync: Literal["reload", "nccl", "ipc"] = Field(
         "reload", description="'reload': gathered state dict -> vLLM reload_weights (any device); "
-                              "'nccl': trainer rank 0 broadcasts into the vLLM workers (CUDA only)")
+                              "'nccl': trainer rank 0 broadcasts into the vLLM workers (CUDA, split placement); "
+                              "'ipc': CUDA IPC handles read in place (CUDA, colocated)")
     cpu_kvcache_space_gb: float = Field(2.0, gt=0, description="CPU only: KV cache size (VLLM_CPU_KVCACHE_SPACE)")
     engine_kwargs: dict[str, Any] = Field(default_factory=dict, description="passed to vllm.LLM as is")
 
@@ -122,6 +123,9 @@ class ArcticRLClientConfig(_Strict):
     def _check(self):
         if self.host not in ("127.0.0.1", "localhost", "::1") and not self.auth_token and self.comm_protocol == "http":
             raise ValueError(f"host={self.host!r} is not loopback: set auth_token to require a bearer token")
+        if self.vllm_config.weight_sync == "ipc" and not self.colocate:
+            raise ValueError("vllm_config.weight_sync='ipc' shares GPU memory in place: it needs colocate=True "
+                             "(use 'nccl' for split placement)")
         tp = self.vllm_config.tensor_parallel_size
         if self.sampling_gpus % tp:
             raise ValueError(f"sampling_gpus={self.sampling_gpus} is not a multiple of "

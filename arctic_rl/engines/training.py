@@ -204,10 +204,11 @@ class TrainingWorker:
 
 
     def nccl_connect(self, samplers: list, master_port: int, num_sampler_workers: int) -> None:
-        """CUDA only: join vLLM's NCCL weight-transfer group (rank 0 is the sender)."""
+        """CUDA only: join vLLM's weight-transfer engine, NCCL or IPC (rank 0 is the sender)."""
         from arctic_rl.engines.weight_sync import open_trainer_engine
         import socket
-        self._wt = open_trainer_engine(self.module.model, self.cfg.training_config.zero_stage, self.rank, samplers,
+        self._wt = open_trainer_engine(self.cfg.vllm_config.weight_sync, self.module.model,
+                                       self.cfg.training_config.zero_stage, self.rank, samplers,
                                        socket.gethostbyname(socket.gethostname()), master_port, num_sampler_workers)
 
     def nccl_send(self) -> None:

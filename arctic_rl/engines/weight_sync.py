@@ -1,7 +1,8 @@
-"""CUDA weight sync: trainer rank 0 broadcasts over NCCL straight into every vLLM worker, through
-vLLM's own weight-transfer API (`vllm.distributed.weight_transfer`, backend "nccl"): no host copy.
+"""CUDA weight sync through vLLM's own weight-transfer API (`vllm.distributed.weight_transfer`), no host copy:
+  "nccl": trainer rank 0 broadcasts into every vLLM worker (split placement: engines on different GPUs);
+  "ipc":  CUDA IPC handles of the trainer's tensors, read in place by vLLM workers on the same GPU (colocated).
 
-Used when `vllm_config.weight_sync == "nccl"` on GPUs. The CPU path (and the CUDA default) hands
+Used when `vllm_config.weight_sync` is "nccl" or "ipc" on GPUs. The CPU path (and the CUDA default) hands
 the gathered state dict to vLLM's `reload_weights` instead (engines/sampling.py).
 Not run on this project's CPU machines (no GPU): written against vLLM 0.32's API and kept to the
 calls its own trainer engine makes (trainer_init -> send_weights).
@@ -64,12 +65,15 @@ def zero_source(module: torch.nn.Module, zero_stage: int):
     return _Source()
 
 
-def open_trainer_engine(module, zero_stage: int, rank: int, samplers: list, master_address: str, master_port: int,
-                        num_sampler_workers: int):
-    """Trainer side; every trainer rank calls it (rank 0 becomes the NCCL sender)."""
+def open_trainer_engine(backend: str, module, zero_stage: int, rank: int, samplers: list, master_address: str,
+                        master_port: int, num_sampler_workers: int):
+    """Trainer side; every trainer rank calls it (rank 0 is the sender)."""
+    client, source = SamplerGroupClient(samplers), zero_source(module, zero_stage)
+    if backend == "ipc":
+        from vllm.distributed.weight_transfer.ipc_engine import IPCTrainerInitInfo, IPCTrainerWeightTransferEngine
+        return IPCTrainerWeightTransferEngine.trainer_init(IPCTrainerInitInfo(rank=rank), client=client, source=source)
     from vllm.distributed.weight_transfer.nccl_engine import NCCLTrainerInitInfo, NCCLTrainerWeightTransferEngine
 
     info = NCCLTrainerInitInfo(master_address=master_address, master_port=master_port,
                                world_size=1 + num_sampler_workers, rank=rank)
-    return NCCLTrainerWeightTransferEngine.trainer_init(info, client=SamplerGroupClient(samplers),
-                                                        source=zero_source(module, zero_stage))
+    return NCCLTrainerWeightTransferEngine.trainer_init(info, client=client, source=source)

@@ -78,10 +78,10 @@ class Controller:
         # Wait for every engine; an engine that fails to start fails the deployment with its message.
         for engine, actors in self.groups.items():
             self._get([a.ping.remote() for a in actors], engine, timeout=None)
-        self.nccl = cfg.vllm_config.weight_sync == "nccl"
+        self.nccl = cfg.vllm_config.weight_sync != "reload"  # vLLM's weight-transfer engine (NCCL or IPC)
         if self.nccl:
             if ray.cluster_resources().get("GPU", 0) == 0:
-                raise ConfigError("vllm_config.weight_sync='nccl' needs GPUs; use 'reload' on CPU")
+                raise ConfigError(f"vllm_config.weight_sync={cfg.vllm_config.weight_sync!r} needs GPUs; use 'reload' on CPU")
             port, workers = _free_port(), cfg.sampling_gpus
             self._get([t.nccl_connect.remote(self.samplers, port, workers) for t in self.trainers], "training", timeout=None)
         # The trainer/sampler log-prob gap with equal weights: the noise floor sync checks against.
@@ -214,7 +214,7 @@ class Controller:
     def sync_weights(self) -> dict[str, float]:
         t0 = time.time()
         with self._locked("training", "sampling"):
-            if self.nccl:  # trainer rank 0 broadcasts into the vLLM workers; no host copy
+            if self.nccl:  # trainer -> vLLM workers by NCCL broadcast or CUDA IPC; no host copy
                 self._get([a.nccl_send.remote() for a in self.trainers], "training")
                 t_gather, secs = 0.0, [time.time() - t0]
             pairs = [a.full_state_and_norms.options(num_returns=2).remote() for a in self.trainers]
