@@ -6,9 +6,15 @@ It is verl's `main_ppo` with one difference in the role -> worker wiring: `Role.
 `ArcticActorRolloutRefWorker` (one process, no GPU of its own: arctic-rl places its engines), and the rollout /
 weight-sync plug-ins point at arctic-rl (recipes/verl/rollout.py). Then verl's own `RayPPOTrainer.init_workers()`
 and `fit()` run unchanged: verl's data loader, reward loop, advantage estimator, KL, metrics and logger.
+
+MLflow: verl's logger opens the run (`trainer.project_name` is the experiment); the task runner adds the tags
+`arctic-rl compare` groups by (framework=verl, backend=arctic-rl, recipe, model) through MLflow's own
+`MLFLOW_RUN_CONTEXT` (a JSON dict of tags `mlflow.start_run` applies). Tags already in `MLFLOW_RUN_CONTEXT`
+win; recipe defaults to `ARCTIC_RL_RECIPE`, else `trainer.project_name`.
 """
 from __future__ import annotations
 
+import json
 import os
 import socket
 from pathlib import Path
@@ -35,6 +41,25 @@ def apply_arctic_defaults(config) -> None:
             OmegaConf.update(config, key, val, force_add=True)
         # The verl worker group is one CPU process; arctic-rl's deployment owns the accelerators.
         config.trainer.balance_batch = False
+
+
+def mlflow_run_tags(config, backend: str = "arctic-rl") -> dict[str, str]:
+    """The standard run tags (arctic_rl.tracking) for a verl run; env ARCTIC_RL_RECIPE/NODES/GPUS fill in."""
+    from arctic_rl.tracking import (ENV_DEFAULT_TAGS, FRAMEWORK_VERL, TAG_BACKEND, TAG_FRAMEWORK, TAG_MODEL,
+                                    TAG_RECIPE)
+
+    tags = {TAG_FRAMEWORK: FRAMEWORK_VERL, TAG_BACKEND: backend,
+            TAG_RECIPE: str(config.trainer.project_name), TAG_MODEL: str(config.actor_rollout_ref.model.path)}
+    tags.update({tag: os.environ[env] for env, tag in ENV_DEFAULT_TAGS.items() if os.environ.get(env)})
+    return tags
+
+
+def set_mlflow_run_context(config, backend: str = "arctic-rl") -> dict[str, str]:
+    """Puts the run tags into MLFLOW_RUN_CONTEXT of this process (before verl's logger starts the run)."""
+    tags = mlflow_run_tags(config, backend)
+    tags.update(json.loads(os.environ.get("MLFLOW_RUN_CONTEXT") or "{}"))
+    os.environ["MLFLOW_RUN_CONTEXT"] = json.dumps(tags)
+    return tags
 
 
 class ArcticResourcePoolManager:
@@ -94,6 +119,7 @@ class _ArcticTaskRunner(BaseTaskRunner):
                                 train_sampler=create_rl_sampler(config.data, train))
         trainer.init_workers()
         trainer.async_rollout_manager.attach(trainer.actor_rollout_wg)
+        set_mlflow_run_context(config)  # the logger is opened in fit(), in this process
         try:
             trainer.fit()
         finally:

@@ -1,12 +1,34 @@
+#!/usr/bin/env bash
+# verl's own GRPO loop (RayPPOTrainer.fit) on arctic-rl: a tiny CPU run (2 steps by default).
+#
+#   recipes/verl/run_tiny.sh MODEL_DIR [verl overrides ...]
+#
+# Env (all optional): VERL_DATA   folder with train.parquet/test.parquet (default runs/verl-data; written with
+#                                 recipes.verl.gsm8k from the shipped arithmetic set when missing)
+#                     VERL_OUT    folder for mlflow.db and arctic-rl state (default runs/verl-tiny)
+#                     MLFLOW_TRACKING_URI (default sqlite:///$VERL_OUT/mlflow.db), ARCTIC_RL_STATE_DIR,
+#                     PYTHON (default .venv/bin/python), VENV (default .venv: verl-ref and verl-trainer live there)
+# Later overrides win, e.g. trainer.total_training_steps=5 trainer.experiment_name=mine.
+set -euo pipefail
+MODEL=${1:?usage: $0 MODEL_DIR [verl overrides ...]}
+shift
 cd "$(dirname "$0")/../.."
+ROOT=$PWD
+VENV=${VENV:-$ROOT/.venv}
+PYTHON=${PYTHON:-$VENV/bin/python}
+VERL_DATA=$(realpath -m "${VERL_DATA:-runs/verl-data}")
+VERL_OUT=$(realpath -m "${VERL_OUT:-runs/verl-tiny}")
+mkdir -p "$VERL_OUT"
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 RAY_AUTH_MODE=disabled TOKENIZERS_PARALLELISM=false
-export PYTHONPATH=$PWD:$PWD/.venv/verl-ref:$PWD/.venv/verl-trainer
-export MLFLOW_TRACKING_URI=sqlite:////tmp/verl-mlflow.db ARCTIC_RL_STATE_DIR=/tmp/verl-arctic-state
-unset RAY_ADDRESS
-exec .venv/bin/python -m recipes.verl.main \
-  data.train_files=/tmp/verl-data/train.parquet data.val_files=/tmp/verl-data/test.parquet \
+export PYTHONPATH=$ROOT:$VENV/verl-ref:$VENV/verl-trainer${PYTHONPATH:+:$PYTHONPATH}
+export MLFLOW_TRACKING_URI=${MLFLOW_TRACKING_URI:-sqlite:///$VERL_OUT/mlflow.db}
+export ARCTIC_RL_STATE_DIR=${ARCTIC_RL_STATE_DIR:-$VERL_OUT/arctic-state}
+unset RAY_ADDRESS  # +ray_kwargs.ray_init.address=local: a private Ray for this run
+[ -f "$VERL_DATA/train.parquet" ] || "$PYTHON" -m recipes.verl.gsm8k --out "$VERL_DATA"
+exec "$PYTHON" -m recipes.verl.main \
+  data.train_files="$VERL_DATA/train.parquet" data.val_files="$VERL_DATA/test.parquet" \
   data.train_batch_size=2 data.max_prompt_length=256 data.max_response_length=16 data.dataloader_num_workers=0 \
-  actor_rollout_ref.model.path=/tmp/verl-tiny actor_rollout_ref.actor.optim.lr=1e-4 \
+  actor_rollout_ref.model.path="$MODEL" actor_rollout_ref.actor.optim.lr=1e-4 \
   actor_rollout_ref.actor.ppo_mini_batch_size=2 actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4 \
   actor_rollout_ref.actor.use_kl_loss=True actor_rollout_ref.actor.kl_loss_coef=0.001 \
   actor_rollout_ref.rollout.n=4 actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=4 \
