@@ -78,7 +78,9 @@ class SamplingWorker:
         self.asleep = False
 
     def ping(self) -> dict:
-        return {"replica": self.replica, "pid": os.getpid(), "start_s": self.start_s, "asleep": self.asleep}
+        import ray
+        return {"replica": self.replica, "pid": os.getpid(), "start_s": self.start_s, "asleep": self.asleep,
+                "node_id": ray.get_runtime_context().get_node_id()}
 
     def generate(self, prompts: list, params: dict) -> list[list[dict]]:
         """One list of n samples per prompt. `prompts` are strings or lists of token ids."""

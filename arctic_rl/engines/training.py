@@ -114,7 +114,9 @@ class TrainingWorker:
 
     # -- ops -------------------------------------------------------------------------------------------
     def ping(self) -> dict:
-        return {"rank": self.rank, "pid": os.getpid(), "trainable": self.trainable}
+        import ray
+        return {"rank": self.rank, "pid": os.getpid(), "trainable": self.trainable,
+                "node_id": ray.get_runtime_context().get_node_id()}
 
     def _to_device(self, mb: Batch) -> Batch:
         dev = self.engine.device if self.engine is not None else accelerator()
