@@ -37,5 +37,6 @@ exec "$PYTHON" -m recipes.verl.main \
   algorithm.adv_estimator=grpo reward.num_workers=1 \
   trainer.use_v1=False trainer.device=cpu trainer.n_gpus_per_node=1 trainer.nnodes=1 \
   trainer.total_training_steps=2 trainer.val_before_train=False trainer.test_freq=-1 trainer.save_freq=-1 \
+  trainer.default_local_dir="$VERL_OUT/checkpoints" \
   trainer.logger='[console,mlflow]' trainer.project_name=gsm8k trainer.experiment_name=verl-arctic-tiny \
   +ray_kwargs.ray_init.num_cpus=16 +ray_kwargs.ray_init.address=local "$@"
