@@ -80,7 +80,7 @@ def test_launch_scripts_compose_with_verl(recipe):
                 "actor_rollout_ref.actor.optim.lr", "actor_rollout_ref.actor.ppo_mini_batch_size",
                 "actor_rollout_ref.actor.clip_ratio_high", "actor_rollout_ref.actor.loss_agg_mode",
                 "actor_rollout_ref.rollout.n", "actor_rollout_ref.rollout.temperature", "trainer.project_name",
-                "reward.custom_reward_function.path", "algorithm.adv_estimator"):
+                "reward.custom_reward_function.path", "algorithm.adv_estimator", "trainer.use_v1"):
         assert OmegaConf.select(arctic, key) == OmegaConf.select(native, key), key
     apply_arctic_defaults(arctic)
     assert arctic.actor_rollout_ref.rollout.name == "arctic"

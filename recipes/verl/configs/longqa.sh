@@ -31,6 +31,7 @@ COMMON=(
   actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=1
   trainer.total_training_steps=300 trainer.logger='[console,mlflow]' trainer.project_name=longqa
   trainer.val_before_train=False trainer.test_freq=-1 trainer.save_freq=50
+  trainer.use_v1=False  # both backends run verl's v0 loop (RayPPOTrainer.fit): the same trainer code
 )
 NATIVE=(
   trainer.experiment_name=verl-native-qwen3-32b trainer.nnodes=4 trainer.n_gpus_per_node=8
@@ -40,7 +41,7 @@ NATIVE=(
   actor_rollout_ref.rollout.gpu_memory_utilization=0.6
 )
 ARCTIC=(
-  trainer.experiment_name=verl-arctic-qwen3-32b trainer.nnodes=1 trainer.n_gpus_per_node=1 trainer.use_v1=False
+  trainer.experiment_name=verl-arctic-qwen3-32b trainer.nnodes=1 trainer.n_gpus_per_node=1
   +actor_rollout_ref.arctic.training_gpus=32 +actor_rollout_ref.arctic.sampling_gpus=32
   +actor_rollout_ref.arctic.log_prob_gpus=0 +actor_rollout_ref.arctic.colocate=True
   +actor_rollout_ref.arctic.training_config.zero_stage=3 +actor_rollout_ref.arctic.training_config.gradient_checkpointing=True
