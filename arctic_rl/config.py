@@ -69,7 +69,7 @@ class VLLMConfig(_Strict):
         "reload", description="'reload': gathered state dict -> vLLM reload_weights (any device); "
                               "'nccl': trainer rank 0 broadcasts into the vLLM workers (CUDA, split placement); "
                               "'ipc': CUDA IPC handles read in place (CUDA, colocated)")
-    cpu_kvcache_space_gb: float = Field(2.0, gt=0, description="CPU only: KV cache size (VLLM_CPU_KVCACHE_SPACE)")
+    cpu_kvcache_space_gb: float = Field(1.0, gt=0, description="CPU only: KV cache size (VLLM_CPU_KVCACHE_SPACE)")
     engine_kwargs: dict[str, Any] = Field(default_factory=dict, description="passed to vllm.LLM as is")
 
 

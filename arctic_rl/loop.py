@@ -288,7 +288,8 @@ def run(cfg: RunConfig, client: ArcticRLClient | None = None, *, stop_after: int
                 else SyncRollouts(client, make_request))
     num_gpus = client.config.training_gpus + (0 if client.config.colocate else
                                               client.config.sampling_gpus + client.config.log_prob_gpus)
-    eval_examples = recipe.load_examples(cfg.eval.split, **cfg.recipe.options) if cfg.eval.split else []
+    eval_options = {k: v for k, v in {**cfg.recipe.options, **cfg.eval.options}.items() if v is not None}
+    eval_examples = recipe.load_examples(cfg.eval.split, **eval_options) if cfg.eval.split else []
     eval_examples = eval_examples[:cfg.eval.limit] if cfg.eval.limit else eval_examples
     evals: dict[int, EvalResult] = {}
 

@@ -120,6 +120,8 @@ class EvalConfig(_Strict):
     every: int = Field(0, ge=0, description="also every N steps (0: only before and after)")
     max_tokens: int | None = Field(None, ge=1, description="None = sampling.max_tokens")
     limit: int | None = Field(None, ge=1, description="first N examples of the split")
+    options: dict[str, Any] = Field(default_factory=dict, description="recipe options for the eval split, "
+                                    "merged over recipe.options (a key set to null is dropped)")
 
 
 class RunConfig(_Strict):
