@@ -29,7 +29,7 @@ from typing import Any
 
 from arctic_rl.tracking import (
     BACKEND_ARCTIC, BACKEND_NATIVE, FRAMEWORK_ARCTIC, FRAMEWORK_SKYRL, FRAMEWORK_VERL, PHASES, TAG_BACKEND,
-    TAG_FRAMEWORK, TAG_GPUS, TAG_MODEL, TAG_NODES, TAG_RECIPE, TIMING_PREFIX, default_tracking_uri,
+    TAG_FRAMEWORK, TAG_GPUS, TAG_MODEL, TAG_NODES, TAG_RECIPE, TIMING_PREFIX, default_tracking_uri, save_figure,
 )
 
 # The order phases are shown in; log_probs is derived (see the module docstring).
@@ -262,9 +262,7 @@ def write_png(rows: Sequence[GroupRow], path: Path) -> None:
         ax.set_ylabel("median s / step")
         ax.set_title(f"{recipe}: phase times (labels: arctic-rl speedup over native)")
         ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path, dpi=110)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -376,9 +376,4 @@ def plot_rewards(rewards: list[float], path: Path, title: str = "") -> Path | No
     ax.set_ylabel(tracking.REWARD_MEAN)
     ax.set_title(f"reward curve {title}".strip())
     ax.grid(alpha=0.3)
-    fig.tight_layout()
-    tmp = path.with_name(f".{path.stem}.{os.getpid()}.tmp.png")
-    fig.savefig(tmp, dpi=100)
-    plt.close(fig)
-    tmp.replace(path)
-    return path
+    return tracking.save_figure(fig, path)

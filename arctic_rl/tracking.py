@@ -217,3 +217,19 @@ class Tracker:
             self.end("KILLED")
         else:
             self.end("FAILED")
+
+
+def save_figure(fig, path, dpi: int = 100):
+    """Writes a matplotlib figure atomically (temp file + rename: no half-written PNG) and closes it."""
+    import os
+    from pathlib import Path
+
+    import matplotlib.pyplot as plt
+
+    path = Path(path)
+    tmp = path.with_name(f".{path.stem}.{os.getpid()}.tmp{path.suffix}")
+    fig.tight_layout()
+    fig.savefig(tmp, dpi=dpi)
+    plt.close(fig)
+    tmp.replace(path)
+    return path

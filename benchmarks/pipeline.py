@@ -75,12 +75,7 @@ def bar_png(path: Path, series: dict[str, dict[str, float]], title: str) -> Path
     ax.set_ylabel("seconds per step (median)")
     ax.set_title(title)
     ax.legend()
-    fig.tight_layout()
-    tmp = path.with_name(f".{path.stem}.tmp.png")
-    fig.savefig(tmp, dpi=100)
-    plt.close(fig)
-    tmp.replace(path)
-    return path
+    return tracking.save_figure(fig, path)
 
 
 def main() -> None:
