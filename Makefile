@@ -7,10 +7,15 @@ export HF_DATASETS_OFFLINE := 1
 export RAY_AUTH_MODE := disabled
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: setup demo test test-fast slurm bench
+.PHONY: setup setup-skyrl demo test test-fast slurm bench
 
 setup:
 	bash scripts/setup_env.sh
+
+# SkyRL's own environment (.venv-skyrl: Python 3.12 built from Ubuntu's source package, Ray 2.51); the
+# SkyRL integration tests run in it.
+setup-skyrl:
+	bash scripts/setup_skyrl_env.sh
 
 demo: setup
 	$(PY) -m arctic_rl.cli run recipes/text2sql/configs/cpu_demo.yaml model.name_or_path=demo
@@ -18,7 +23,7 @@ demo: setup
 slurm:
 	bash scripts/slurm_setup.sh
 
-test: setup slurm
+test: setup setup-skyrl slurm
 	$(PY) -m pytest -q --durations=15
 
 test-fast: setup

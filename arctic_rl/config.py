@@ -109,6 +109,9 @@ class ArcticRLClientConfig(_Strict):
     ray_address: str | None = Field(None, description="None: RAY_ADDRESS env, else a local Ray")
     seed: int = 0
     job_id: str | None = Field(None, description="set to re-attach to running engines")
+    server_python: str | None = Field(None, description="the interpreter that runs `python -m arctic_rl.server` "
+                                      "(an environment with DeepSpeed and vLLM); None = this one. A framework in "
+                                      "its own environment (SkyRL: Python 3.12, Ray 2.51) uses http with this")
     request_timeout_s: float = Field(3600.0, gt=0)
 
     @field_validator("model_name")
@@ -121,6 +124,12 @@ class ArcticRLClientConfig(_Strict):
 
     @model_validator(mode="after")
     def _check(self):
+        if self.server_python is not None:
+            if self.comm_protocol != "http":
+                raise ValueError(f"server_python={self.server_python!r} needs comm_protocol='http' (a Ray driver "
+                                 f"must run the cluster's own Python and Ray versions)")
+            if not os.access(Path(self.server_python).expanduser(), os.X_OK):
+                raise ValueError(f"server_python={self.server_python!r} is not an executable file")
         if self.host not in ("127.0.0.1", "localhost", "::1") and not self.auth_token and self.comm_protocol == "http":
             raise ValueError(f"host={self.host!r} is not loopback: set auth_token to require a bearer token")
         if self.vllm_config.weight_sync == "ipc" and not self.colocate:

@@ -77,6 +77,19 @@ _MAX_METRICS_PER_BATCH = 1000
 _MAX_PARAM_VALUE_CHARS = 6000
 
 
+def set_run_context(framework: str, backend: str, recipe: str, model: str) -> dict[str, str]:
+    """For a framework whose own logger opens the MLflow run (verl, SkyRL): puts the standard tags into this
+    process's MLFLOW_RUN_CONTEXT (a JSON dict of tags `mlflow.start_run` applies), with the ENV_DEFAULT_TAGS
+    filled from the environment. Tags already in MLFLOW_RUN_CONTEXT win. Call it before the logger starts."""
+    import json
+
+    tags = {TAG_FRAMEWORK: framework, TAG_BACKEND: backend, TAG_RECIPE: recipe, TAG_MODEL: model}
+    tags.update({tag: os.environ[env] for env, tag in ENV_DEFAULT_TAGS.items() if os.environ.get(env)})
+    tags.update(json.loads(os.environ.get("MLFLOW_RUN_CONTEXT") or "{}"))
+    os.environ["MLFLOW_RUN_CONTEXT"] = json.dumps(tags)
+    return tags
+
+
 def default_tracking_uri() -> str:
     """MLFLOW_TRACKING_URI if set, else `sqlite:///<cwd>/runs/mlflow.db` (the folder is created)."""
     uri = os.environ.get("MLFLOW_TRACKING_URI")

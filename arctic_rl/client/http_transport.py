@@ -2,9 +2,11 @@
 starts `arctic-rl serve` on this machine and waits for it."""
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import httpx
 
@@ -34,8 +36,13 @@ class HttpTransport:
     def _start_server(self, config: ArcticRLClientConfig) -> None:
         t0 = time.time()
         print(f"[arctic-rl] starting server on {self.base} ...", file=sys.stderr, flush=True)
-        self.proc = subprocess.Popen([sys.executable, "-m", "arctic_rl.server", "serve", "--config", config.to_json()],
-                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        python, env = sys.executable, None
+        if config.server_python:
+            # Another environment: it starts its own Ray, never the one this process may be a worker of.
+            python = str(Path(config.server_python).expanduser())
+            env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_ADDRESS")}
+        self.proc = subprocess.Popen([python, "-m", "arctic_rl.server", "serve", "--config", config.to_json()],
+                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
         assert self.proc.stdout is not None
         tail: list[str] = []
         for line in self.proc.stdout:

@@ -14,7 +14,6 @@ win; recipe defaults to `ARCTIC_RL_RECIPE`, else `trainer.project_name`.
 """
 from __future__ import annotations
 
-import json
 import os
 import socket
 from pathlib import Path
@@ -43,23 +42,12 @@ def apply_arctic_defaults(config) -> None:
         config.trainer.balance_batch = False
 
 
-def mlflow_run_tags(config, backend: str = "arctic-rl") -> dict[str, str]:
-    """The standard run tags (arctic_rl.tracking) for a verl run; env ARCTIC_RL_RECIPE/NODES/GPUS fill in."""
-    from arctic_rl.tracking import (ENV_DEFAULT_TAGS, FRAMEWORK_VERL, TAG_BACKEND, TAG_FRAMEWORK, TAG_MODEL,
-                                    TAG_RECIPE)
-
-    tags = {TAG_FRAMEWORK: FRAMEWORK_VERL, TAG_BACKEND: backend,
-            TAG_RECIPE: str(config.trainer.project_name), TAG_MODEL: str(config.actor_rollout_ref.model.path)}
-    tags.update({tag: os.environ[env] for env, tag in ENV_DEFAULT_TAGS.items() if os.environ.get(env)})
-    return tags
-
-
 def set_mlflow_run_context(config, backend: str = "arctic-rl") -> dict[str, str]:
-    """Puts the run tags into MLFLOW_RUN_CONTEXT of this process (before verl's logger starts the run)."""
-    tags = mlflow_run_tags(config, backend)
-    tags.update(json.loads(os.environ.get("MLFLOW_RUN_CONTEXT") or "{}"))
-    os.environ["MLFLOW_RUN_CONTEXT"] = json.dumps(tags)
-    return tags
+    """The standard run tags (arctic_rl.tracking) for a verl run, put where verl's MLflow logger applies them."""
+    from arctic_rl.tracking import FRAMEWORK_VERL, set_run_context
+
+    return set_run_context(FRAMEWORK_VERL, backend, str(config.trainer.project_name),
+                           str(config.actor_rollout_ref.model.path))
 
 
 class ArcticResourcePoolManager:

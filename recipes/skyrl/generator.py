@@ -1,0 +1,95 @@
+"""`ArcticGenerator`: a SkyRL `GeneratorInterface` that samples through arctic-rl and scores with an arctic-rl
+recipe's reward.
+
+SkyRL hands the generator one row per sample (`prepare_generator_input` repeats each prompt
+`n_samples_per_prompt` times, adjacent). Runs of identical prompts become one request with `n` = the run
+length, so arctic-rl's sampler sees the group (prefix caching / ZoRRo Inference) instead of n unrelated
+prompts. Each row's `env_extras` carries the recipe name and the recipe example (recipes/skyrl/data.py);
+the reward is `recipes.<name>.reward(assistant_prefix + text, example)`, one float per row, as SkyRL's
+single-turn generators return it.
+"""
+from __future__ import annotations
+
+import asyncio
+import importlib
+import json
+import zlib
+from typing import Any
+
+from skyrl_train.generators.base import GeneratorInput, GeneratorInterface, GeneratorOutput
+
+# The vLLM sampling keys arctic-rl accepts (arctic_rl/engines/sampling.py); SkyRL's other keys are dropped
+# only when unset (None), anything else unknown is refused by the server with its name.
+_DROP_IF_NONE = ("stop", "logprobs", "top_k", "min_p")
+
+
+def sampling_params_from_skyrl(params: dict[str, Any] | None, seed: int) -> dict[str, Any]:
+    out = {k: v for k, v in dict(params or {}).items() if not (k in _DROP_IF_NONE and v is None)}
+    out.pop("logprobs", None)  # arctic-rl always returns the sampled tokens' log-probs
+    if out.get("top_k") == -1:
+        out.pop("top_k")
+    out.setdefault("seed", seed)
+    return out
+
+
+def _runs(prompts: list) -> list[tuple[int, int]]:
+    """(start, length) of each run of equal adjacent prompts."""
+    runs: list[tuple[int, int]] = []
+    for i, p in enumerate(prompts):
+        if runs and prompts[runs[-1][0]] == p:
+            runs[-1] = (runs[-1][0], runs[-1][1] + 1)
+        else:
+            runs.append((i, 1))
+    return runs
+
+
+class ArcticGenerator(GeneratorInterface):
+    def __init__(self, cfg, tokenizer, client):
+        self.cfg, self.tokenizer, self.client = cfg, tokenizer, client
+        self._recipes: dict[str, Any] = {}
+
+    def _recipe(self, name: str):
+        if name not in self._recipes:
+            self._recipes[name] = importlib.import_module(f"recipes.{name}")
+        return self._recipes[name]
+
+    def _prompt_ids(self, messages: list[dict], example: dict) -> list[int]:
+        text = self.tokenizer.apply_chat_template(list(messages), tokenize=False, add_generation_prompt=True,
+                                                  **dict(self.cfg.generator.get("chat_template_kwargs") or {}))
+        return self.tokenizer(text + example.get("assistant_prefix", ""), add_special_tokens=False)["input_ids"]
+
+    async def generate(self, input_batch: GeneratorInput) -> GeneratorOutput:
+        prompts = input_batch["prompts"]
+        extras = input_batch.get("env_extras") or [{}] * len(prompts)
+        meta = input_batch.get("batch_metadata")
+        step = getattr(meta, "global_step", 0) if meta is not None else 0
+        phase = getattr(meta, "training_phase", "train") if meta is not None else "train"
+        # A seed per (run seed, step, phase): reruns sample the same rollouts.
+        seed = zlib.crc32(f"{self.cfg.trainer.seed}:{step}:{phase}".encode())
+        params = sampling_params_from_skyrl(input_batch.get("sampling_params"), seed)
+        examples = [json.loads(e["arctic_example"]) for e in extras]
+        names = [e["arctic_recipe"] for e in extras]
+        runs = _runs([json.dumps(p, sort_keys=True) for p in prompts])
+        if len({n for _, n in runs}) == 1:  # equal groups: one request, n samples per prompt
+            n = runs[0][1]
+            ids = [self._prompt_ids(prompts[s], examples[s]) for s, _ in runs]
+            samples = await asyncio.to_thread(self.client.generate, ids, {**params, "n": n})
+        else:
+            ids = [self._prompt_ids(p, ex) for p, ex in zip(prompts, examples)]
+            samples = await asyncio.to_thread(self.client.generate, ids, {**params, "n": 1})
+        rewards = [float(self._recipe(name).reward(ex.get("assistant_prefix", "") + s["text"], ex))
+                   for s, ex, name in zip(samples, examples, names)]
+        responses = [s["token_ids"] for s in samples]
+        mean = sum(rewards) / max(1, len(rewards))
+        return {
+            "prompt_token_ids": [s["prompt_token_ids"] for s in samples],
+            "response_ids": responses,
+            "rewards": rewards,
+            "loss_masks": [[1] * len(r) for r in responses],
+            "stop_reasons": [s.get("finish_reason") or "stop" for s in samples],
+            "rollout_metrics": {"generate/avg_num_tokens": sum(map(len, responses)) / max(1, len(responses)),
+                                "generate/reward_mean": mean},
+            "rollout_logprobs": [s["logprobs"] for s in samples],
+            "trajectory_ids": input_batch.get("trajectory_ids"),
+            "is_last_step": None,
+        }

@@ -1,0 +1,108 @@
+"""SkyRL's own trainer loop (skyrl-train 0.3.1 RayPPOTrainer.train, unmodified) with arctic-rl as policy,
+reference and sampler: 2 GRPO steps on the tiny model (CPU), through recipes/skyrl/run_tiny.sh, in SkyRL's
+own Python 3.12 environment (.venv-skyrl, scripts/setup_skyrl_env.sh) talking HTTP to an arctic-rl server
+in .venv. Then the MLflow run SkyRL's logger wrote, and the checkpoint it saved through arctic-rl."""
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SKYRL_PY = ROOT / ".venv-skyrl" / "bin" / "python"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_skyrl_trainer_two_grpo_steps_on_arctic(tiny_llama, tmp_path):
+    from mlflow.tracking import MlflowClient
+
+    from arctic_rl.compare import load_runs, summarize
+    from arctic_rl.tracking import (BACKEND_ARCTIC, FRAMEWORK_SKYRL, TAG_BACKEND, TAG_FRAMEWORK, TAG_MODEL,
+                                    TAG_RECIPE)
+
+    assert SKYRL_PY.exists(), f"{SKYRL_PY} missing: run scripts/setup_skyrl_env.sh (make test does)"
+    out = subprocess.run([str(SKYRL_PY), "-c", "import sys, skyrl_train; print(sys.version_info[:2])"],
+                         capture_output=True, text=True)
+    assert out.stdout.strip() == "(3, 12)", out.stderr
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "MLFLOW_RUN_ID", "MLFLOW_RUN_CONTEXT")}
+    env.update(SKYRL_DATA=str(tmp_path / "data"), SKYRL_OUT=str(tmp_path / "out"), MLFLOW_TRACKING_URI=uri,
+               ARCTIC_RL_STATE_DIR=str(tmp_path / "state"), ARCTIC_RL_PORT=str(_free_port()))
+    log = tmp_path / "skyrl.log"
+    with open(log, "w") as f:
+        proc = subprocess.run(["bash", str(ROOT / "recipes/skyrl/run_tiny.sh"), str(tiny_llama),
+                               "trainer.project_name=skyrl-ci"], cwd=ROOT, env=env, stdout=f,
+                              stderr=subprocess.STDOUT, timeout=900)
+    tail = "\n".join(log.read_text(errors="replace").splitlines()[-60:])
+    assert proc.returncode == 0, f"SkyRL run failed (exit {proc.returncode}):\n{tail}"
+
+    client = MlflowClient(tracking_uri=uri)
+    exp = client.get_experiment_by_name("skyrl-ci")
+    assert exp is not None, tail
+    (run,) = client.search_runs([exp.experiment_id])
+    assert run.info.status == "FINISHED", tail
+    tags = run.data.tags
+    assert tags[TAG_FRAMEWORK] == FRAMEWORK_SKYRL and tags[TAG_BACKEND] == BACKEND_ARCTIC
+    assert tags[TAG_RECIPE] == "skyrl-ci" and tags[TAG_MODEL] == str(tiny_llama)
+    history = lambda key: sorted(m.step for m in client.get_metric_history(run.info.run_id, key))  # noqa: E731
+    # SkyRL's own metrics, per step: its timers around our ops, its reward stats, our loss under its names.
+    for key in ("timing/generate", "timing/fwd_logprobs_values_reward", "timing/policy_train", "timing/sync_weights",
+                "policy/policy_loss", "policy/grad_norm", "reward/avg_raw_reward", "generate/avg_num_tokens"):
+        assert history(key) == [1, 2], (key, history(key))
+    assert history("policy/policy_kl") == [1, 2]  # use_kl_loss: the reference engine ran
+    assert any(k.startswith("eval/") for k in run.data.metrics), sorted(run.data.metrics)
+    # SkyRL's checkpoint layout, written through arctic-rl's save_checkpoint.
+    ckpts = tmp_path / "out" / "ckpts"
+    # ckpt_interval=2 saves after step 2; SkyRL's loop then saves again after the last step, with its step
+    # counter already advanced to 3 (skyrl-train's own behaviour, kept).
+    assert (ckpts / "latest_ckpt_global_step.txt").read_text().strip() == "3"
+    for step in (2, 3):
+        assert (ckpts / f"global_step_{step}" / "arctic_rl.json").is_file(), sorted(ckpts.iterdir())
+
+    (row,) = summarize(load_runs(["skyrl-ci"], uri), skip_steps=0)
+    assert (row.framework, row.backend) == (FRAMEWORK_SKYRL, BACKEND_ARCTIC)
+
+
+def test_skyrl_config_mapping_names_bad_values():
+    """The SkyRL -> arctic-rl config and loss mapping, in SkyRL's own environment (its Hydra config)."""
+    assert SKYRL_PY.exists(), f"{SKYRL_PY} missing: run scripts/setup_skyrl_env.sh (make test does)"
+    code = r'''
+from hydra import compose, initialize_config_dir
+from skyrl_train.entrypoints.main_base import config_dir
+from recipes.skyrl.trainer import client_config_from_skyrl, loss_config_from_skyrl
+with initialize_config_dir(config_dir=config_dir, version_base=None):
+    cfg = compose("ppo_base_config", overrides=[
+        "trainer.algorithm.policy_loss_type=dual_clip",
+        "trainer.algorithm.loss_reduction=seq_mean_token_sum_norm", "trainer.algorithm.kl_estimator_type=k1",
+        "trainer.placement.policy_num_gpus_per_node=2", "+trainer.arctic.comm_protocol=http",
+        "+trainer.arctic.training_config.zero_stage=3"])
+    loss = loss_config_from_skyrl(cfg)
+    assert loss == {"policy_loss": "ppo", "clip_ratio_low": 0.2, "clip_ratio_high": 0.2, "clip_ratio_c": 3.0,
+                    "loss_agg_mode": "seq-mean-token-sum-norm", "use_kl_loss": True, "loss_scale_factor": 1024.0,
+                    "kl_loss_coef": 0.001, "kl_loss_type": "k1"}, loss
+    cc = client_config_from_skyrl(cfg)
+    assert cc.training_gpus == 2 and cc.training_config.zero_stage == 3 and cc.training_config.dtype == "bfloat16"
+    assert cc.training_config.optimizer.lr == 1e-6 and cc.vllm_config.tensor_parallel_size == 4 and cc.colocate
+    cfg.trainer.algorithm.policy_loss_type = "clip_cov"
+    try:
+        loss_config_from_skyrl(cfg)
+    except ValueError as e:
+        assert "policy_loss_type='clip_cov'" in str(e), e
+    else:
+        raise AssertionError("clip_cov accepted")
+print("ok")
+'''
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"}
+    out = subprocess.run([str(SKYRL_PY), "-c", code], cwd=ROOT, env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stdout[-2000:] + out.stderr[-4000:]
