@@ -106,3 +106,45 @@ print("ok")
     out = subprocess.run([str(SKYRL_PY), "-c", code], cwd=ROOT, env=env,
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stdout[-2000:] + out.stderr[-4000:]
+
+
+@pytest.mark.parametrize("recipe", ["gsm8k", "text2sql", "longqa"])
+def test_skyrl_baseline_configs_compose(recipe):
+    """recipes/skyrl/configs/<recipe>.sh: both backends' overrides compose with SkyRL's own Hydra config, pass
+    SkyRL's validate_cfg, and the arctic-rl side gets the same device counts as the native placement."""
+    assert SKYRL_PY.exists(), f"{SKYRL_PY} missing: run scripts/setup_skyrl_env.sh (make test does)"
+    script = ROOT / "recipes/skyrl/configs" / f"{recipe}.sh"
+    args = {b: subprocess.run(["bash", str(script), f"print-{b}"], capture_output=True, text=True, check=True)
+            .stdout.splitlines() for b in ("arctic", "native")}
+    assert args["arctic"][0] == "python -m recipes.skyrl.main" and args["native"][0] == "python -m recipes.skyrl.native"
+    code = r'''
+import json, sys
+from hydra import compose, initialize_config_dir
+from skyrl_train.entrypoints.main_base import config_dir
+from skyrl_train.utils import validate_cfg
+from recipes.skyrl.main import apply_arctic_defaults
+from recipes.skyrl.trainer import client_config_from_skyrl, loss_config_from_skyrl
+args = json.loads(sys.argv[1])
+with initialize_config_dir(config_dir=config_dir, version_base=None):
+    native = compose("ppo_base_config", overrides=args["native"][1:])
+    arctic = compose("ppo_base_config", overrides=args["arctic"][1:])
+validate_cfg(native)
+apply_arctic_defaults(arctic)
+validate_cfg(arctic)
+cc = client_config_from_skyrl(arctic)
+p, g = native.trainer.placement, native.generator
+assert cc.training_gpus == p.policy_num_nodes * p.policy_num_gpus_per_node, cc.training_gpus
+assert cc.sampling_gpus == g.num_inference_engines * g.inference_engine_tensor_parallel_size, cc.sampling_gpus
+assert cc.training_config.zorro_train.enable and cc.comm_protocol == "http"
+assert loss_config_from_skyrl(arctic) == loss_config_from_skyrl(native)
+for key in ("trainer.train_batch_size", "generator.n_samples_per_prompt", "trainer.policy.optimizer_config.lr"):
+    a, n = arctic, native
+    for part in key.split("."):
+        a, n = a[part], n[part]
+    assert a == n, (key, a, n)
+print("ok", cc.training_gpus, cc.sampling_gpus)
+'''
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"}
+    out = subprocess.run([str(SKYRL_PY), "-c", code, __import__("json").dumps(args)], cwd=ROOT, env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0 and "ok" in out.stdout, out.stdout[-2000:] + out.stderr[-4000:]

@@ -2,12 +2,17 @@
 
     python -m recipes.skyrl.data --recipe text2sql --out runs/skyrl-text2sql [--option difficulties=[simple]] \
         [--train-split train] [--val-split dev] [--max-train N] [--max-val N]
+    python -m recipes.skyrl.data --recipe gsm8k --out runs/skyrl-gsm8k [--train FILE --test FILE]
 
 Writes <out>/train.jsonl and <out>/validation.jsonl in the layout SkyRL's PromptDataset reads: `prompt` (the chat
 messages), `env_class` ("arctic"), and two extra columns that SkyRL passes through as `env_extras`:
 `arctic_recipe` (the recipe name) and `arctic_example` (the example minus `messages`, as JSON), which
-recipes/skyrl/generator.py scores with `recipes.<recipe>.reward`. Unlike verl's rollout, the arctic generator
-builds the prompt itself, so a pre-filled assistant turn (text2sql `prefill: true`) is supported.
+recipes/skyrl/env.py scores with `recipes.<recipe>.reward`. On arctic-rl a pre-filled assistant turn (text2sql
+`prefill: true`) is supported; native SkyRL refuses it (recipes/skyrl/native.py).
+
+`--recipe gsm8k` is SkyRL's own GSM8K layout instead (env_class "gsm8k", `reward_spec.ground_truth`, scored by
+skyrl-gym's gsm8k env): GSM8K jsonl from --train/--test, default the generated arithmetic set in GSM8K's format
+that ships in recipes/verl/data (no download).
 """
 from __future__ import annotations
 
@@ -49,6 +54,15 @@ def prepare(recipe: str, out: Path, options: dict[str, Any] | None = None, train
     return paths
 
 
+def gsm8k_rows(path: Path | None, split: str, limit: int | None = None) -> list[dict[str, Any]]:
+    from recipes.verl.gsm8k import DATA_DIR, INSTRUCTION, extract_solution, read_jsonl
+
+    src = path or DATA_DIR / ("arith_train.jsonl" if split == "train" else "arith_test.jsonl")
+    return [{"prompt": [{"role": "user", "content": r["question"] + " " + INSTRUCTION}], "env_class": "gsm8k",
+             "reward_spec": {"method": "rule", "ground_truth": extract_solution(r["answer"])},
+             "extra_info": {"split": split, "index": i}} for i, r in enumerate(read_jsonl(src)[:limit])]
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--recipe", required=True)
@@ -58,7 +72,14 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--val-split", default=None)
     ap.add_argument("--max-train", type=int, default=None)
     ap.add_argument("--max-val", type=int, default=None)
+    ap.add_argument("--train", type=Path, help="gsm8k: GSM8K-format train jsonl (default: the shipped set)")
+    ap.add_argument("--test", type=Path, help="gsm8k: GSM8K-format test jsonl")
     a = ap.parse_args(argv)
+    if a.recipe == "gsm8k":
+        tr = write_jsonl(gsm8k_rows(a.train, "train", a.max_train), a.out / "train.jsonl")
+        te = write_jsonl(gsm8k_rows(a.test, "test", a.max_val), a.out / "validation.jsonl")
+        print(f"train: {tr} validation: {te}")
+        return
     options = {}
     for item in a.option:
         key, sep, val = item.partition("=")

@@ -1,17 +1,17 @@
-"""`ArcticGenerator`: a SkyRL `GeneratorInterface` that samples through arctic-rl and scores with an arctic-rl
-recipe's reward.
+"""`ArcticGenerator`: a SkyRL `GeneratorInterface` that samples through arctic-rl and scores with SkyRL's own
+skyrl-gym environments (single turn), as SkyRL's SkyRLGymGenerator does.
 
 SkyRL hands the generator one row per sample (`prepare_generator_input` repeats each prompt
 `n_samples_per_prompt` times, adjacent). Runs of identical prompts become one request with `n` = the run
 length, so arctic-rl's sampler sees the group (prefix caching / ZoRRo Inference) instead of n unrelated
-prompts. Each row's `env_extras` carries the recipe name and the recipe example (recipes/skyrl/data.py);
-the reward is `recipes.<name>.reward(assistant_prefix + text, example)`, one float per row, as SkyRL's
-single-turn generators return it.
+prompts. Rewards: `skyrl_gym.make(env_class, env_config=environment.skyrl_gym.<env_class>, extras=row extras)`,
+then `env.step(response_text)["reward"]`: SkyRL's gsm8k env on its own data, or env_class "arctic"
+(recipes/skyrl/env.py) for any arctic-rl recipe, whose examples may pre-fill the assistant turn
+(`assistant_prefix`: appended to the prompt here).
 """
 from __future__ import annotations
 
 import asyncio
-import importlib
 import json
 import zlib
 from typing import Any
@@ -45,13 +45,21 @@ def _runs(prompts: list) -> list[tuple[int, int]]:
 
 class ArcticGenerator(GeneratorInterface):
     def __init__(self, cfg, tokenizer, client):
-        self.cfg, self.tokenizer, self.client = cfg, tokenizer, client
-        self._recipes: dict[str, Any] = {}
+        from recipes.skyrl.env import register
 
-    def _recipe(self, name: str):
-        if name not in self._recipes:
-            self._recipes[name] = importlib.import_module(f"recipes.{name}")
-        return self._recipes[name]
+        register()  # env_class "arctic" in this process (the one that makes the envs)
+        self.cfg, self.tokenizer, self.client = cfg, tokenizer, client
+
+    def _reward(self, env_class: str, extras: dict, text: str) -> float:
+        import skyrl_gym
+        from omegaconf import DictConfig
+
+        env_config = self.cfg.environment.skyrl_gym.get(env_class, DictConfig({}))
+        env = skyrl_gym.make(env_class, env_config=env_config, extras=extras)
+        try:
+            return float(env.step(text)["reward"])
+        finally:
+            env.close()
 
     def _prompt_ids(self, messages: list[dict], example: dict) -> list[int]:
         text = self.tokenizer.apply_chat_template(list(messages), tokenize=False, add_generation_prompt=True,
@@ -67,8 +75,7 @@ class ArcticGenerator(GeneratorInterface):
         # A seed per (run seed, step, phase): reruns sample the same rollouts.
         seed = zlib.crc32(f"{self.cfg.trainer.seed}:{step}:{phase}".encode())
         params = sampling_params_from_skyrl(input_batch.get("sampling_params"), seed)
-        examples = [json.loads(e["arctic_example"]) for e in extras]
-        names = [e["arctic_recipe"] for e in extras]
+        examples = [json.loads(e["arctic_example"]) if "arctic_example" in e else {} for e in extras]
         runs = _runs([json.dumps(p, sort_keys=True) for p in prompts])
         if len({n for _, n in runs}) == 1:  # equal groups: one request, n samples per prompt
             n = runs[0][1]
@@ -77,8 +84,8 @@ class ArcticGenerator(GeneratorInterface):
         else:
             ids = [self._prompt_ids(p, ex) for p, ex in zip(prompts, examples)]
             samples = await asyncio.to_thread(self.client.generate, ids, {**params, "n": 1})
-        rewards = [float(self._recipe(name).reward(ex.get("assistant_prefix", "") + s["text"], ex))
-                   for s, ex, name in zip(samples, examples, names)]
+        rewards = [self._reward(env_class, extra, s["text"])
+                   for env_class, extra, s in zip(input_batch["env_classes"], extras, samples)]
         responses = [s["token_ids"] for s in samples]
         mean = sum(rewards) / max(1, len(rewards))
         return {
