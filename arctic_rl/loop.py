@@ -19,6 +19,8 @@ filesystem the backend also sees (it writes there). Resume is exact in sync mode
 sampling seeds are functions of (seed, step), and the sampler gets the resumed weights.
 Eval (eval.split): greedy decoding on a held-out split before step 1, every eval.every steps and after the
 last step; eval/accuracy is the share of examples whose reward is >= 1 (the recipe's full-credit answer).
+SFT warm-up (sft_warmup.epochs > 0, fresh runs only): eval, supervised passes over recipe.sft_completion(example)
+with the sft loss and the run's optimizer, sync, then the GRPO steps above.
 Departures from verl: mini-batches are not reshuffled between PPO epochs; no critic.
 """
 from __future__ import annotations
@@ -55,7 +57,7 @@ class RunResult:
     checkpoint_dir: Path
     wall_s: float
     plot: Path | None = None
-    eval_accuracy: dict[int, float] = field(default_factory=dict)  # step (0 = before training) -> accuracy
+    eval_accuracy: dict[int, float] = field(default_factory=dict)  # step (0 = before GRPO, -1 = before sft) -> acc
 
 
 @dataclass
@@ -248,6 +250,60 @@ def train_step(cfg: RunConfig, client: ArcticRLClient, recipe, rollout: Rollout,
     return metrics
 
 
+# -- the SFT warm-up stage -----------------------------------------------------------------------------------
+def sft_warmup(cfg: RunConfig, client: ArcticRLClient, recipe, tokenizer, pad_id: int, tracker: tracking.Tracker,
+               quiet: bool = False) -> dict[str, float]:
+    """Supervised passes over the recipe's reference completions (sft loss, the run's optimizer), then a
+    weight sync, so that GRPO starts from a policy that already knows the answer format. Metrics go to
+    MLflow as sft/* with their own step count (1..epochs x batches)."""
+    from tqdm import tqdm
+
+    w = cfg.sft_warmup
+    if not callable(getattr(recipe, "sft_completion", None)):
+        raise ConfigError(f"sft_warmup.epochs={w.epochs}: recipe {cfg.recipe.name!r} has no "
+                          f"sft_completion(example) to train on")
+    options = {k: v for k, v in {**cfg.recipe.options, **w.options}.items() if v is not None}
+    examples = recipe.load_examples(w.split, **options)[:w.limit]
+    pairs = []
+    for ex in examples:
+        text = recipe.sft_completion(ex)
+        if text:  # None: the example's answer cannot continue its assistant_prefix
+            pairs.append((prompt_ids(tokenizer, ex), tokenizer(text, add_special_tokens=False)["input_ids"]))
+    if not pairs:
+        raise ConfigError(f"sft_warmup: recipe {cfg.recipe.name!r} gave no completions for split {w.split!r} "
+                          f"with options {options}")
+    t0 = time.perf_counter()
+    per_epoch = -(-len(pairs) // w.batch_size)
+    bar = tqdm(total=w.epochs * per_epoch, desc="sft warm-up", unit="step", disable=quiet)
+    losses: list[float] = []
+    step = 0
+    for epoch in range(w.epochs):
+        order = _epoch_order(cfg.seed + 7919, epoch, len(pairs))  # its own stream, not the GRPO order
+        for b in range(0, len(pairs), w.batch_size):
+            idx = [int(i) for i in order[b:b + w.batch_size]]
+            samples = [{"prompt_token_ids": pairs[i][0], "token_ids": pairs[i][1]} for i in idx]
+            batch = from_samples(samples, [f"sft-{epoch}-{i}" for i in idx], pad_token_id=pad_id)
+            out = client.forward_backward(batch, "sft", {"loss_agg_mode": "token-mean"})
+            opt = client.optimizer_step()
+            step += 1
+            losses.append(float(out["actor/sft_loss"]))
+            tracker.log_metrics({"sft/loss": losses[-1], "sft/grad_norm": opt["grad_norm"], "sft/lr": opt["lr"],
+                                 "sft/epoch": float(epoch)}, step=step)
+            bar.update(1)
+            bar.set_postfix(loss=f"{losses[-1]:.3f}")
+    bar.close()
+    client.sync_weights()
+    first, last = losses[:per_epoch], losses[-per_epoch:]
+    summary = {"sft/loss_first_epoch": float(np.mean(first)), "sft/loss_last_epoch": float(np.mean(last)),
+               "sft/examples": float(len(pairs)), "timing_s/sft": time.perf_counter() - t0}
+    tracker.log_metrics(summary, step=0)
+    if not quiet:
+        print(f"sft warm-up: {len(pairs)} examples x {w.epochs} epochs = {step} optimizer steps | loss first epoch "
+              f"{summary['sft/loss_first_epoch']:.3f} -> last {summary['sft/loss_last_epoch']:.3f} | "
+              f"{summary['timing_s/sft']:.0f}s", flush=True)
+    return summary
+
+
 # -- the run -------------------------------------------------------------------------------------------------
 def run(cfg: RunConfig, client: ArcticRLClient | None = None, *, stop_after: int | None = None,
         quiet: bool = False) -> RunResult:
@@ -294,14 +350,17 @@ def run(cfg: RunConfig, client: ArcticRLClient | None = None, *, stop_after: int
     evals: dict[int, EvalResult] = {}
 
     def run_eval(step: int) -> None:
+        """step -1 = the model before the SFT warm-up (logged at step 0 as eval/*_before_sft)."""
         if not eval_examples or step in evals:
             return
         r = evaluate(client, recipe, eval_examples, tokenizer, cfg)
         evals[step] = r
-        tracker.log_metrics({"eval/accuracy": r.accuracy, "eval/reward/mean": r.reward_mean,
-                             "timing_s/eval": r.seconds}, step=step)
+        suffix = "_before_sft" if step < 0 else ""
+        tracker.log_metrics({f"eval/accuracy{suffix}": r.accuracy, f"eval/reward/mean{suffix}": r.reward_mean,
+                             f"timing_s/eval{suffix}": r.seconds}, step=max(step, 0))
         if not quiet:
-            print(f"eval ({cfg.eval.split}, {r.num_examples} examples, greedy) after step {step}: "
+            when = "before the sft warm-up" if step < 0 else f"after step {step}"
+            print(f"eval ({cfg.eval.split}, {r.num_examples} examples, greedy) {when}: "
                   f"accuracy {r.accuracy:.1%}, reward {r.reward_mean:.3f} ({r.seconds:.0f}s)", flush=True)
 
     history: list[dict[str, float]] = []
@@ -309,6 +368,9 @@ def run(cfg: RunConfig, client: ArcticRLClient | None = None, *, stop_after: int
     bar = tqdm(range(state.step + 1, last + 1), desc=f"arctic-rl {cfg.recipe.name}", unit="step",
                disable=quiet, initial=state.step, total=last)
     try:
+        if cfg.sft_warmup.epochs and state.step == 0:  # a resumed run's checkpoint already holds the warm-up
+            run_eval(-1)
+            sft_warmup(cfg, client, recipe, tokenizer, pad_id, tracker, quiet)
         run_eval(state.step)
         for step in bar:
             t0 = time.perf_counter()
@@ -356,8 +418,8 @@ def summary_line(r: RunResult) -> str:
     mean = lambda xs: float(np.mean(xs)) if xs else float("nan")  # noqa: E731
     ev = ""
     if len(r.eval_accuracy) >= 2:
-        (s0, a0), (s1, a1) = min(r.eval_accuracy.items()), max(r.eval_accuracy.items())
-        ev = f"eval accuracy step {s0} {a0:.1%} -> step {s1} {a1:.1%} | "
+        label = lambda s: "before sft" if s < 0 else f"step {s}"  # noqa: E731
+        ev = "eval accuracy " + " -> ".join(f"{label(s)} {a:.1%}" for s, a in sorted(r.eval_accuracy.items())) + " | "
     return (f"arctic-rl: {len(r.rewards)} steps | reward first-5 {mean(first):.3f} -> last-5 {mean(last):.3f} | {ev}"
             f"wall {r.wall_s:.1f}s | mlflow run {r.run_id} | checkpoints {r.checkpoint_dir}"
             + (f" | curve {r.plot}" if r.plot else ""))

@@ -124,6 +124,18 @@ class EvalConfig(_Strict):
                                     "merged over recipe.options (a key set to null is dropped)")
 
 
+class SFTWarmupConfig(_Strict):
+    """A supervised stage before GRPO: the recipe's reference completions (`recipe.sft_completion`, e.g. the
+    gold SQL) trained with the `sft` loss through the same client ops and optimizer, then synced to the
+    sampler. Skipped on resume (the checkpoint already holds its effect)."""
+    epochs: int = Field(0, ge=0, description="passes over the warm-up examples; 0 = no warm-up")
+    batch_size: int = Field(4, ge=1, description="examples per optimizer step")
+    split: str = Field("train", min_length=1)
+    limit: int | None = Field(None, ge=1, description="first N examples of the split")
+    options: dict[str, Any] = Field(default_factory=dict, description="recipe options for the warm-up split, "
+                                    "merged over recipe.options (a key set to null is dropped)")
+
+
 class RunConfig(_Strict):
     model: ModelConfig
     backend: dict[str, Any] = Field(default_factory=dict, description="ArcticRLClientConfig fields but model_name")
@@ -138,6 +150,7 @@ class RunConfig(_Strict):
     resume: str = Field("auto", min_length=1, description="auto (latest complete checkpoint) | never | a path")
     tracking: TrackingConfig = TrackingConfig()
     eval: EvalConfig = EvalConfig()
+    sft_warmup: SFTWarmupConfig = SFTWarmupConfig()
     seed: int = 0
 
     @model_validator(mode="after")

@@ -153,4 +153,14 @@ def reward(completion: str, example: dict) -> float:
     return score(completion, example)
 
 
-__all__ = ["Text2SQLOptions", "load_examples", "reward"]
+def sft_completion(example: dict) -> str | None:
+    """The gold answer in the prompt's answer format, after the example's `assistant_prefix` (the SFT
+    warm-up's target). None when the gold SQL cannot continue the pre-filled "SELECT" (e.g. WITH ...)."""
+    from recipes.text2sql.prompt import assistant_answer
+
+    full = assistant_answer(example["gold_sql"].strip(), Path(example["db_path"]), "assistant_prefix" in example)
+    prefix = example.get("assistant_prefix", "")
+    return full[len(prefix):] if full.startswith(prefix) else None
+
+
+__all__ = ["Text2SQLOptions", "load_examples", "reward", "sft_completion"]

@@ -45,3 +45,8 @@ def reward(completion: str, example: dict[str, Any]) -> float:
         return 0.0
     target = set(example.get("target", "aeiou"))
     return sum(c in target for c in chars) / len(chars)
+
+
+def sft_completion(example: dict[str, Any]) -> str:
+    """A full-reward completion (the target characters), for the loop's SFT warm-up tests."""
+    return " ".join(example.get("target", "aeiou"))
