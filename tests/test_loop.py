@@ -77,6 +77,19 @@ def test_loop_over_ray_logs_and_resumes_exactly(ray_cluster, tiny_llama, tmp_pat
         assert hb["actor/grad_norm"] == pytest.approx(ha["actor/grad_norm"], rel=1e-5)
         lp_b = client.log_probs(probe)["log_probs"]
         assert torch.allclose(lp_a, lp_b, atol=1e-5), (lp_a - lp_b).abs().max()
+
+        # The SFT warm-up stage (same deployment): eval -> 3 epochs of sft on the toy target -> sync -> eval
+        # -> 1 GRPO step -> eval. The supervised target is all vowels, so greedy reward must rise.
+        c = run(tiny_cfg(tiny_llama, tmp_path / "c", "sft_warmup.epochs=3", "sft_warmup.batch_size=4",
+                         "recipe.options.num_examples=8", "train.steps=1", "checkpoint.every=0", "resume=never",
+                         "eval.split=test", "eval.limit=8"), client)
+        logged = mlflow_metrics(c.run_id)
+        sft = [v for _, v in logged["sft/loss"]]
+        assert [s for s, _ in logged["sft/loss"]] == list(range(1, 7))  # 8 examples / 4 = 2 steps x 3 epochs
+        assert logged["sft/loss_last_epoch"][0][1] < logged["sft/loss_first_epoch"][0][1] * 0.8, sft
+        (before,), after = logged["eval/reward/mean_before_sft"], dict(logged["eval/reward/mean"])
+        assert after[0] > before[1] + 0.1, (before, after)
+        assert sorted(c.eval_accuracy) == [-1, 0, 1] and len(c.rewards) == 1
     finally:
         client.shutdown()
 

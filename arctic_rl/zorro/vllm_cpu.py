@@ -10,16 +10,15 @@ queries as one query block per KV head), each request's suffix blocks, merged by
 Measured on this machine (see docs/zorro.md): vLLM's own CPU decode kernel is compute-bound at
 about the same FLOP rate as our prefix pass, and decode FLOPs are the same with or without the
 cascade, so cascade over vLLM-CPU's cache is *slower* than vLLM's kernel (0.57x at prefix 2048,
-suffix 64, G 16, 32/8 heads). ZoRRo Inference therefore stays off on CPU and no vLLM attention
-backend is installed there; `vllm_attention_backend` says so. vLLM 0.32 also removed its own
-cascade attention (`disable_cascade_attn` is a no-op), so on CUDA a custom backend would be
-needed too; it is not built (no GPU to measure it on).
+suffix 64, G 16, 32/8 heads). ZoRRo Inference is therefore off by default on CPU; enabled, the
+vLLM-CPU backend in `arctic_rl.zorro.vllm_backend` runs this function for decode batches. vLLM 0.32
+also removed its own cascade attention (`disable_cascade_attn` is a no-op), so on CUDA a custom
+backend would be needed too; it is not built (no GPU to measure it on).
 
 Legend: Q requests, H query heads, K kv heads, D head dim, G requests in a group.
 """
 from __future__ import annotations
 
-import logging
 from typing import Sequence
 
 import torch
@@ -27,7 +26,6 @@ import torch
 from arctic_rl.zorro.cascade import PrefixGroup
 from arctic_rl.zorro.merge import merge_attention_states
 
-log = logging.getLogger(__name__)
 
 
 def split_kv_cache(kv_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -107,21 +105,3 @@ def cascade_decode_vllm_cpu(query: torch.Tensor, kv_cache: torch.Tensor, block_t
                 o_s = merge_attention_states(o_p[js], l_p[js], o_s, l_s)[0]
             out[idx] = o_s.reshape(len(js), H, D)
     return out.to(query.dtype)
-
-
-def vllm_attention_backend(zorro_inference: dict | None, device_type: str) -> str | None:
-    """What the sampling engine passes to vLLM for `arctic_inference_config["zorro_inference"]`
-    (or `use_fca`): the attention backend name to select, or None to keep vLLM's default.
-
-    Returns None everywhere today: on CPU cascade decode measured slower than vLLM's own CPU
-    kernel (see module docstring), and the CUDA backend is not built. A log line says why when
-    the user asked for it."""
-    if not (zorro_inference or {}).get("enable"):
-        return None
-    if device_type == "cpu":
-        log.warning("zorro_inference.enable=True: ZoRRo Inference stays off on CPU; cascade decode over "
-                    "vLLM-CPU's KV cache measured slower than vLLM's own CPU attention (docs/zorro.md)")
-    else:
-        log.warning("zorro_inference.enable=True: no ZoRRo Inference vLLM backend for %r yet; using vLLM's "
-                    "default attention (docs/zorro.md)", device_type)
-    return None
