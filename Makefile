@@ -23,7 +23,10 @@ demo: setup
 slurm:
 	bash scripts/slurm_setup.sh
 
-test: setup setup-skyrl slurm
+# setup-skyrl failing (no Python 3.12 source reachable) must not stop the rest of the suite: the SkyRL
+# tests then fail on their own, saying .venv-skyrl is missing.
+test: setup slurm
+	-bash scripts/setup_skyrl_env.sh
 	$(PY) -m pytest -q --durations=15
 
 test-fast: setup
