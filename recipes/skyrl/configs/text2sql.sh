@@ -12,21 +12,13 @@
 # SkyRL cannot pre-fill the assistant turn. MLflow: trainer.project_name=text2sql, tags framework/backend/recipe.
 RECIPE=text2sql
 MODEL=${MODEL:-Qwen/Qwen3-32B}
-source "$(dirname "${BASH_SOURCE[0]}")/_placement.sh"
+source "$(dirname "${BASH_SOURCE[0]}")/_shared.sh"
 DATA_ARGS=(--option "data_dir=${BIRD:-data/bird}" --option schema_tables=all --option prefill=false
            --train-split train --val-split dev)
 COMMON=(
-  trainer.policy.model.path="$MODEL" trainer.strategy=fsdp2 "${PLACEMENT[@]}"
-  trainer.algorithm.advantage_estimator=grpo trainer.algorithm.use_kl_loss=false
-  trainer.algorithm.policy_loss_type=regular trainer.algorithm.eps_clip_low=0.2 trainer.algorithm.eps_clip_high=0.28
-  trainer.algorithm.loss_reduction=token_mean
-  trainer.train_batch_size=128 trainer.policy_mini_batch_size=64 trainer.update_epochs_per_batch=1
-  trainer.micro_train_batch_size_per_gpu=1 trainer.micro_forward_batch_size_per_gpu=1
-  trainer.max_prompt_length=32768 generator.sampling_params.max_generate_length=4096
-  generator.n_samples_per_prompt=8 generator.sampling_params.temperature=1.0 generator.sampling_params.top_p=1.0
-  trainer.policy.optimizer_config.lr=1e-6 trainer.policy.optimizer_config.weight_decay=0.01
-  trainer.gradient_checkpointing=true trainer.epochs=3 trainer.eval_interval=-1 trainer.ckpt_interval=50
-  trainer.logger="['console','mlflow']" trainer.project_name=text2sql
+  trainer.policy.model.path="$MODEL" "${PLACEMENT[@]}" "${GRPO_32B[@]}"
+  trainer.train_batch_size=128 trainer.policy_mini_batch_size=64 trainer.max_prompt_length=32768
+  trainer.project_name=text2sql
 )
 NATIVE=(trainer.run_name=skyrl-native-qwen3-32b)
 ARCTIC=(trainer.run_name=skyrl-arctic-qwen3-32b "${ARCTIC_ZORRO[@]}" +trainer.arctic.vllm_config.tensor_parallel_size=2)
