@@ -148,3 +148,46 @@ print("ok", cc.training_gpus, cc.sampling_gpus)
     out = subprocess.run([str(SKYRL_PY), "-c", code, __import__("json").dumps(args)], cwd=ROOT, env=env,
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0 and "ok" in out.stdout, out.stdout[-2000:] + out.stderr[-4000:]
+
+
+def test_generator_one_request_per_group_length():
+    """ArcticGenerator turns SkyRL's repeated rows back into groups: runs of a prompt -> one request with n = run
+    length (one call per distinct length), samples back in row order, rewards from the `arctic` skyrl-gym env.
+    The client here only records calls (the end-to-end test above uses the real one)."""
+    assert SKYRL_PY.exists(), f"{SKYRL_PY} missing: run scripts/setup_skyrl_env.sh (make test does)"
+    code = r'''
+import asyncio, json
+from omegaconf import OmegaConf
+from recipes.skyrl.generator import ArcticGenerator
+
+class Tok:
+    def apply_chat_template(self, messages, tokenize, add_generation_prompt):
+        return messages[0]["content"]
+    def __call__(self, text, add_special_tokens):
+        return {"input_ids": [ord(c) for c in text]}
+
+class Recorder:
+    calls = []
+    def generate(self, ids, params):
+        self.calls.append((len(ids), params["n"], params["seed"]))
+        return [{"prompt_token_ids": p, "token_ids": [j], "text": "a e i" if j % 2 else "xyz", "logprobs": [-1.0],
+                 "finish_reason": "stop"} for p in ids for j in range(params["n"])]
+
+cfg = OmegaConf.create({"trainer": {"seed": 0}, "generator": {}, "environment": {"skyrl_gym": {}}})
+client = Recorder()
+gen = ArcticGenerator(cfg, Tok(), client)
+ex = lambda t: {"arctic_recipe": "toy", "arctic_example": json.dumps({"target": "aeiou", "id": t})}
+rows = ["A"] * 3 + ["B"] * 3 + ["C"]
+out = asyncio.run(gen.generate({"prompts": [[{"role": "user", "content": r}] for r in rows],
+                                "env_classes": ["arctic"] * 7, "env_extras": [ex(r) for r in rows],
+                                "sampling_params": {"temperature": 1.0, "top_k": -1, "logprobs": None},
+                                "trajectory_ids": None, "batch_metadata": None}))
+assert sorted(c[:2] for c in client.calls) == [(1, 1), (2, 3)], client.calls
+assert [chr(p[0]) for p in out["prompt_token_ids"]] == rows
+assert [r[0] for r in out["response_ids"]] == [0, 1, 2, 0, 1, 2, 0]
+assert out["rewards"] == [0.0, 1.0, 0.0, 0.0, 1.0, 0.0, 0.0], out["rewards"]
+print("ok")
+'''
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    out = subprocess.run([str(SKYRL_PY), "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stdout[-2000:] + out.stderr[-4000:]

@@ -2,9 +2,9 @@
 skyrl-gym environments (single turn), as SkyRL's SkyRLGymGenerator does.
 
 SkyRL hands the generator one row per sample (`prepare_generator_input` repeats each prompt
-`n_samples_per_prompt` times, adjacent). Runs of identical prompts become one request with `n` = the run
-length, so arctic-rl's sampler sees the group (prefix caching / ZoRRo Inference) instead of n unrelated
-prompts. Rewards: `skyrl_gym.make(env_class, env_config=environment.skyrl_gym.<env_class>, extras=row extras)`,
+`n_samples_per_prompt` times, adjacent). Each run of identical adjacent prompts becomes one prompt of a
+request with `n` = the run length, so arctic-rl's sampler sees the group (prefix caching / ZoRRo Inference)
+instead of n unrelated prompts. Rewards: `skyrl_gym.make(env_class, env_config=environment.skyrl_gym.<env_class>, extras=row extras)`,
 then `env.step(response_text)["reward"]`: SkyRL's gsm8k env on its own data, or env_class "arctic"
 (recipes/skyrl/env.py) for any arctic-rl recipe, whose examples may pre-fill the assistant turn
 (`assistant_prefix`: appended to the prompt here).
@@ -77,13 +77,17 @@ class ArcticGenerator(GeneratorInterface):
         params = sampling_params_from_skyrl(input_batch.get("sampling_params"), seed)
         examples = [json.loads(e["arctic_example"]) if "arctic_example" in e else {} for e in extras]
         runs = _runs([json.dumps(p, sort_keys=True) for p in prompts])
-        if len({n for _, n in runs}) == 1:  # equal groups: one request, n samples per prompt
-            n = runs[0][1]
-            ids = [self._prompt_ids(prompts[s], examples[s]) for s, _ in runs]
-            samples = await asyncio.to_thread(self.client.generate, ids, {**params, "n": n})
-        else:
-            ids = [self._prompt_ids(p, ex) for p, ex in zip(prompts, examples)]
-            samples = await asyncio.to_thread(self.client.generate, ids, {**params, "n": 1})
+        # One request per run length (usually one in all: n_samples_per_prompt), n = that length: a run's
+        # samples come from one seeded request, so they differ (n=1 requests with one seed would not).
+        by_len: dict[int, list[tuple[int, int]]] = {}
+        for start, n in runs:
+            by_len.setdefault(n, []).append((start, n))
+        samples: list[dict] = [{}] * len(prompts)
+        for n, group in by_len.items():
+            ids = [self._prompt_ids(prompts[start], examples[start]) for start, _ in group]
+            out = await asyncio.to_thread(self.client.generate, ids, {**params, "n": n})
+            for k, (start, _) in enumerate(group):
+                samples[start:start + n] = out[k * n:(k + 1) * n]
         rewards = [self._reward(env_class, extra, s["text"])
                    for env_class, extra, s in zip(input_batch["env_classes"], extras, samples)]
         responses = [s["token_ids"] for s in samples]
