@@ -49,9 +49,11 @@ class ZorroCPUAttentionImpl(CPUAttentionBackendImpl):
 
     def _step_groups(self, attn_metadata, block_size: int) -> list:
         n = attn_metadata.num_actual_tokens
-        key = (id(attn_metadata), n)
-        if ZorroCPUAttentionImpl._groups_key != key:
-            lens = attn_metadata.seq_lens[:n].tolist()
+        lens = attn_metadata.seq_lens[:n].tolist()
+        # The same metadata object (held, so its id cannot be reused) with the same lengths = the same step.
+        key = (attn_metadata, tuple(lens))
+        cached = ZorroCPUAttentionImpl._groups_key
+        if cached is None or cached[0] is not attn_metadata or cached[1] != key[1]:
             ZorroCPUAttentionImpl._groups = groups_from_block_table(
                 attn_metadata.block_table[:n], lens, block_size, min_group_size=self.min_group_size,
                 min_prefix_len=self.min_prefix_len)
