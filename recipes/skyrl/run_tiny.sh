@@ -24,7 +24,10 @@ export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 RAY_AUTH_MODE=disabled TOKENIZERS_
 export PYTHONPATH=$ROOT${PYTHONPATH:+:$PYTHONPATH}
 export MLFLOW_TRACKING_URI=${MLFLOW_TRACKING_URI:-sqlite:///$SKYRL_OUT/mlflow.db}
 export ARCTIC_RL_STATE_DIR=${ARCTIC_RL_STATE_DIR:-$SKYRL_OUT/arctic-state}
-unset RAY_ADDRESS  # SkyRL starts its own Ray (2.51); the arctic-rl server starts another (2.60)
+# SkyRL's ray.init() would join any Ray already running on this machine (e.g. a 2.60 cluster of the test
+# session, which Ray 2.51 cannot talk to): "local" makes it start its own. The arctic-rl server starts
+# another private one (2.60).
+export RAY_ADDRESS=local
 [ -f "$SKYRL_DATA/train.jsonl" ] || "$ROOT/.venv/bin/python" -m recipes.skyrl.data --recipe toy --out "$SKYRL_DATA" \
   --option num_examples=8 --val-split test --max-val 4
 exec "$PY" -m recipes.skyrl.main \
