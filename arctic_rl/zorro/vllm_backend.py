@@ -19,8 +19,6 @@ from __future__ import annotations
 
 import logging
 
-import torch
-
 from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend, CPUAttentionBackendImpl
 
 from arctic_rl.zorro.cascade import groups_from_block_table
