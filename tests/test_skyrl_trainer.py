@@ -23,7 +23,9 @@ def _free_port() -> int:
 
 
 @pytest.mark.slow
-def test_skyrl_trainer_two_grpo_steps_on_arctic(tiny_llama, tmp_path):
+@pytest.mark.parametrize("data", ["toy", "gsm8k"])
+def test_skyrl_trainer_two_grpo_steps_on_arctic(tiny_llama, tmp_path, data):
+    """toy: an arctic-rl recipe through env_class "arctic"; gsm8k: SkyRL's own GSM8K layout and skyrl-gym env."""
     from mlflow.tracking import MlflowClient
 
     from arctic_rl.compare import load_runs, summarize
@@ -38,6 +40,9 @@ def test_skyrl_trainer_two_grpo_steps_on_arctic(tiny_llama, tmp_path):
     env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "MLFLOW_RUN_ID", "MLFLOW_RUN_CONTEXT")}
     env.update(SKYRL_DATA=str(tmp_path / "data"), SKYRL_OUT=str(tmp_path / "out"), MLFLOW_TRACKING_URI=uri,
                ARCTIC_RL_STATE_DIR=str(tmp_path / "state"), ARCTIC_RL_PORT=str(_free_port()))
+    if data == "gsm8k":  # else run_tiny.sh writes the toy recipe's data
+        subprocess.run([sys.executable, "-m", "recipes.skyrl.data", "--recipe", "gsm8k", "--out", str(tmp_path / "data"),
+                        "--max-train", "8", "--max-val", "4"], cwd=ROOT, check=True)
     log = tmp_path / "skyrl.log"
     with open(log, "w") as f:
         proc = subprocess.run(["bash", str(ROOT / "recipes/skyrl/run_tiny.sh"), str(tiny_llama),
