@@ -250,6 +250,11 @@ def train_step(cfg: RunConfig, client: ArcticRLClient, recipe, rollout: Rollout,
     return metrics
 
 
+def stage_options(cfg: RunConfig, overrides: dict) -> dict:
+    """A stage's recipe options (eval, sft_warmup): its own over recipe.options; a key set to None is dropped."""
+    return {k: v for k, v in {**cfg.recipe.options, **overrides}.items() if v is not None}
+
+
 # -- the SFT warm-up stage -----------------------------------------------------------------------------------
 def sft_warmup(cfg: RunConfig, client: ArcticRLClient, recipe, tokenizer, pad_id: int, tracker: tracking.Tracker,
                quiet: bool = False) -> dict[str, float]:
@@ -262,7 +267,7 @@ def sft_warmup(cfg: RunConfig, client: ArcticRLClient, recipe, tokenizer, pad_id
     if not callable(getattr(recipe, "sft_completion", None)):
         raise ConfigError(f"sft_warmup.epochs={w.epochs}: recipe {cfg.recipe.name!r} has no "
                           f"sft_completion(example) to train on")
-    options = {k: v for k, v in {**cfg.recipe.options, **w.options}.items() if v is not None}
+    options = stage_options(cfg, w.options)
     examples = recipe.load_examples(w.split, **options)[:w.limit]
     pairs = []
     for ex in examples:
@@ -344,7 +349,7 @@ def run(cfg: RunConfig, client: ArcticRLClient | None = None, *, stop_after: int
                 else SyncRollouts(client, make_request))
     num_gpus = client.config.training_gpus + (0 if client.config.colocate else
                                               client.config.sampling_gpus + client.config.log_prob_gpus)
-    eval_options = {k: v for k, v in {**cfg.recipe.options, **cfg.eval.options}.items() if v is not None}
+    eval_options = stage_options(cfg, cfg.eval.options)
     eval_examples = recipe.load_examples(cfg.eval.split, **eval_options) if cfg.eval.split else []
     eval_examples = eval_examples[:cfg.eval.limit] if cfg.eval.limit else eval_examples
     evals: dict[int, EvalResult] = {}
