@@ -1,5 +1,5 @@
 """Two Ray nodes on one machine (ray.cluster_utils.Cluster: two raylets with different node resources):
-a deployment's engines are spread over both nodes and still work together (generate -> train -> sync)."""
+a deployment's engines are dealt over both nodes (the training ranks too) and still work together (generate -> train -> sync)."""
 from __future__ import annotations
 
 import pytest
@@ -28,7 +28,9 @@ def test_engines_spread_over_two_nodes(tiny_llama, monkeypatch):
         try:
             engines = c.health()["engines"]
             nodes = {e["node_id"] for e in engines.values()}
-            assert len(nodes) == 2, engines  # SPREAD placement: both nodes host engines
+            assert len(nodes) == 2, engines  # both nodes host engines
+            # The two DeepSpeed ranks sit on different nodes and met at rank 0's address.
+            assert engines["training[0]"]["node_id"] != engines["training[1]"]["node_id"], engines
             samples = c.generate(["the quick brown fox"], {"n": 4, "max_tokens": 8, "seed": 0})
             batch = from_samples(samples, [0] * 4)
             batch["old_log_probs"] = c.log_probs(batch)["log_probs"]

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import os
+import socket
 import time
 from typing import Any
 
@@ -25,6 +26,12 @@ from arctic_rl.engines.model import accelerator, load_hf_model
 from arctic_rl.losses import resolve_loss_fn
 
 MicroBatch = Batch | None
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
 
 
 def _lr_lambda(sched, total_default: int = 0):
@@ -55,15 +62,23 @@ class LogProbModel(torch.nn.Module):
 class TrainingWorker:
     """One DeepSpeed rank. `trainable=False` makes a forward-only worker (the reference model)."""
 
-    def __init__(self, config_json: str, rank: int, world_size: int, master_addr: str, master_port: int,
-                 trainable: bool = True):
+    def __init__(self, config_json: str, rank: int, world_size: int, trainable: bool = True):
         self.cfg = ArcticRLClientConfig.from_json(config_json)
         self.rank, self.world_size, self.trainable = rank, world_size, trainable
-        os.environ.update(MASTER_ADDR=master_addr, MASTER_PORT=str(master_port), RANK=str(rank),
-                          WORLD_SIZE=str(world_size), LOCAL_RANK="0" if accelerator() == "cpu" else os.environ.get("LOCAL_RANK", "0"))
         self.engine = None
+
+    def rendezvous(self) -> tuple[str, int]:
+        """Rank 0 only: this node's IP and a port free on it. Ranks may sit on other nodes, so the
+        address every rank joins must be rank 0's, not the controller's or 127.0.0.1."""
+        import ray
+        return ray.util.get_node_ip_address(), _free_port()
+
+    def setup(self, master_addr: str, master_port: int) -> None:
+        """Join the group at rank 0's address and build the DeepSpeed engine (all ranks at once)."""
+        os.environ.update(MASTER_ADDR=master_addr, MASTER_PORT=str(master_port), RANK=str(self.rank),
+                          WORLD_SIZE=str(self.world_size), LOCAL_RANK="0" if accelerator() == "cpu" else os.environ.get("LOCAL_RANK", "0"))
         self._setup()
-        if self.cfg.training_config.zero_stage == 3 and world_size > 1:
+        if self.cfg.training_config.zero_stage == 3 and self.world_size > 1:
             from arctic_rl.engines import forward
             forward.SYNC_CHUNK_COUNT = True
 
@@ -206,12 +221,13 @@ class TrainingWorker:
 
 
     def nccl_connect(self, samplers: list, master_port: int, num_sampler_workers: int) -> None:
-        """CUDA only: join vLLM's weight-transfer engine, NCCL or IPC (rank 0 is the sender)."""
+        """CUDA only: join vLLM's weight-transfer engine, NCCL or IPC (rank 0 is the sender and binds
+        `master_port`, a port from its own `rendezvous`)."""
+        import ray
         from arctic_rl.engines.weight_sync import open_trainer_engine
-        import socket
         self._wt = open_trainer_engine(self.cfg.vllm_config.weight_sync, self.module.model,
                                        self.cfg.training_config.zero_stage, self.rank, samplers,
-                                       socket.gethostbyname(socket.gethostname()), master_port, num_sampler_workers)
+                                       ray.util.get_node_ip_address(), master_port, num_sampler_workers)
 
     def nccl_send(self) -> None:
         self._wt.send_weights()

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import threading
 import time
 import traceback
@@ -35,18 +34,26 @@ def controller_name(job_id: str) -> str:
     return f"controller-{job_id}"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _actor_options(cfg: ArcticRLClientConfig, share: float) -> dict:
-    """GPU clusters: a fraction of a GPU per actor (colocated engines share devices). CPU: no CPU
-    reservation (all engines share the cores) and SPREAD, so multi-node CPU clusters use every node."""
+    """GPU clusters: a fraction of a GPU per actor (colocated engines share devices)."""
     if ray.cluster_resources().get("GPU", 0) > 0:
         return {"num_gpus": share, "num_cpus": 1}
-    return {"num_cpus": 0, "scheduling_strategy": "SPREAD"}
+    return {"num_cpus": 0}
+
+
+class _CpuPlacer:
+    """CPU clusters: no CPU reservation (all engines share the cores), and actors dealt round-robin
+    over the alive nodes, so a multi-node CPU cluster uses every node. Pinned by node id: Ray's
+    SPREAD strategy is best effort and packed one node when the other had only just joined."""
+
+    def __init__(self):
+        self.nodes = sorted(n["NodeID"] for n in ray.nodes() if n["Alive"])
+        self.i = 0
+
+    def __call__(self) -> dict:
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+        node, self.i = self.nodes[self.i % len(self.nodes)], self.i + 1
+        return {"scheduling_strategy": NodeAffinitySchedulingStrategy(node, soft=True)}
 
 
 class Controller:
@@ -62,17 +69,24 @@ class Controller:
         share = 0.5 if cfg.colocate else 1.0
         env = {"env_vars": {"TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "")}}
         env["env_vars"] = {k: v for k, v in env["env_vars"].items() if v}
-        train_cls = ray.remote(TrainingWorker).options(runtime_env=env, **_actor_options(cfg, share))
-        port = _free_port()
-        self.trainers = [train_cls.remote(cfg.to_json(), r, cfg.training_gpus, "127.0.0.1", port, True)
+        train_opts = {"runtime_env": env, **_actor_options(cfg, share)}
+        sample_opts = {"runtime_env": env, **_actor_options(cfg, share * cfg.vllm_config.tensor_parallel_size)}
+        place = _CpuPlacer() if ray.cluster_resources().get("GPU", 0) == 0 else dict
+        train_cls, sample_cls = ray.remote(TrainingWorker), ray.remote(SamplingWorker)
+        self.trainers = [train_cls.options(**train_opts, **place()).remote(cfg.to_json(), r, cfg.training_gpus, True)
                          for r in range(cfg.training_gpus)]
         # The reference model: dedicated workers, or one worker sharing the trainer's devices.
         n_ref = cfg.log_prob_gpus or 1
-        ref_port = _free_port()
-        self.ref = [train_cls.remote(cfg.to_json(), r, n_ref, "127.0.0.1", ref_port, False) for r in range(n_ref)]
-        sample_cls = ray.remote(SamplingWorker).options(runtime_env=env, **_actor_options(
-            cfg, share * cfg.vllm_config.tensor_parallel_size))
-        self.samplers = [sample_cls.remote(cfg.to_json(), i) for i in range(cfg.num_sampling_replicas)]
+        self.ref = [train_cls.options(**train_opts, **place()).remote(cfg.to_json(), r, n_ref, False) for r in range(n_ref)]
+        self.samplers = [sample_cls.options(**sample_opts, **place()).remote(cfg.to_json(), i)
+                         for i in range(cfg.num_sampling_replicas)]
+        # Each DeepSpeed group meets at its rank 0's node (ranks may be on different nodes).
+        setups = []
+        for engine, group in (("training", self.trainers), ("log_prob", self.ref)):
+            addr, port = self._get(group[0].rendezvous.remote(), engine, timeout=None)
+            setups += [(engine, w.setup.remote(addr, port)) for w in group]
+        for engine, ref in setups:
+            self._get(ref, engine, timeout=None)
         self.groups = {"training": self.trainers, "log_prob": self.ref, "sampling": self.samplers}
         self.asleep = {e: False for e in ENGINES}
         # Wait for every engine; an engine that fails to start fails the deployment with its message.
@@ -82,7 +96,7 @@ class Controller:
         if self.nccl:
             if ray.cluster_resources().get("GPU", 0) == 0:
                 raise ConfigError(f"vllm_config.weight_sync={cfg.vllm_config.weight_sync!r} needs GPUs; use 'reload' on CPU")
-            port, workers = _free_port(), cfg.sampling_gpus
+            port, workers = self._get(self.trainers[0].rendezvous.remote(), "training")[1], cfg.sampling_gpus
             self._get([t.nccl_connect.remote(self.samplers, port, workers) for t in self.trainers], "training", timeout=None)
         # The trainer/sampler log-prob gap with equal weights: the noise floor sync checks against.
         self._probe_baseline = self._probe_diff()[1]
