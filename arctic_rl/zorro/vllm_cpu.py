@@ -7,10 +7,11 @@ blocks hold K^T ([D, block_size] per block and head) and value blocks hold V ([b
 `cascade_decode_vllm_cpu` reads that layout directly: each group's prefix blocks once (its G
 queries as one query block per KV head), each request's suffix blocks, merged by log-sum-exp.
 
-Measured on this machine (see docs/zorro.md): vLLM's own CPU decode kernel is compute-bound at
-about the same FLOP rate as our prefix pass, and decode FLOPs are the same with or without the
-cascade, so cascade over vLLM-CPU's cache is *slower* than vLLM's kernel (0.57x at prefix 2048,
-suffix 64, G 16, 32/8 heads). ZoRRo Inference is therefore off by default on CPU; enabled, the
+Measured on this machine (see docs/zorro.md): requests that share prefix blocks share their memory,
+so vLLM's own CPU decode kernel re-reads the prefix from L3 and the CPU cache already dedups most
+reads (6.96 ms at prefix 2048, suffix 64, G 16, 16/16 heads; 25.6 ms with a private prefix copy per
+request). This function must gather the blocks into contiguous per-head KV first, and is slower
+(11.8 ms, 0.59x). ZoRRo Inference is therefore off by default on CPU; enabled, the
 vLLM-CPU backend in `arctic_rl.zorro.vllm_backend` runs this function for decode batches. vLLM 0.32
 also removed its own cascade attention (`disable_cascade_attn` is a no-op), so on CUDA a custom
 backend would be needed too; it is not built (no GPU to measure it on).
