@@ -235,22 +235,104 @@ def test_cascade_over_vllm_cpu_cache_matches_vllm_kernel():
     torch.testing.assert_close(out, ref, atol=2e-6, rtol=0)
 
 
-def test_engine_kwargs_install_the_cpu_backend_only_when_enabled():
+def test_engine_kwargs_install_the_backend_only_when_enabled(monkeypatch):
     from vllm.v1.attention.backends.registry import AttentionBackendEnum
 
+    from arctic_rl.zorro import inference, vllm_cuda
     from arctic_rl.zorro.inference import vllm_engine_kwargs
     from arctic_rl.zorro.vllm_backend import CLASS_PATH, uninstall
 
+    monkeypatch.setenv(inference.ENV, "")   # restored (unset) after the test
     assert vllm_engine_kwargs(None) == {} and vllm_engine_kwargs({"enable": False}, "cpu") == {}
     assert AttentionBackendEnum.CPU_ATTN.get_path() != CLASS_PATH  # off by default
     try:
         assert vllm_engine_kwargs({"enable": True, "min_group_size": 2, "min_prefix_len": 64}, "cpu") == {}
         assert AttentionBackendEnum.CPU_ATTN.get_path() == CLASS_PATH
+        # worker processes install it through vLLM's plugin entry point, from the environment
+        uninstall()
+        inference.vllm_plugin()
+        assert AttentionBackendEnum.CPU_ATTN.get_path() == CLASS_PATH
     finally:
         uninstall()
     assert AttentionBackendEnum.CPU_ATTN.get_path() != CLASS_PATH
+    # CUDA: FLASH_ATTN overridden, the engine pinned to it with PIECEWISE graphs
+    flash_path = AttentionBackendEnum.FLASH_ATTN.get_path()
+    try:
+        kw = vllm_engine_kwargs({"enable": True, "min_prefix_len": 32}, "cuda")
+        assert kw == {"attention_backend": "FLASH_ATTN", "compilation_config": {"cudagraph_mode": "PIECEWISE"}}
+        assert AttentionBackendEnum.FLASH_ATTN.get_path() == vllm_cuda.CLASS_PATH
+        assert vllm_cuda.ZorroFlashAttentionImpl.min_prefix_len == 32
+        assert vllm_cuda.ZorroFlashAttentionMetadataBuilder.get_cudagraph_support(None, None).name == "NEVER"
+    finally:
+        AttentionBackendEnum.FLASH_ATTN.clear_override()
+    assert AttentionBackendEnum.FLASH_ATTN.get_path() == flash_path
+    from importlib.metadata import entry_points
+    assert "arctic_rl.zorro.inference:vllm_plugin" in [e.value for e in entry_points(group="vllm.general_plugins")]
     with pytest.raises(TypeError, match="zorro_inference"):
         vllm_engine_kwargs(3, "cpu")
+    with pytest.raises(ValueError, match="'xpu'"):
+        vllm_engine_kwargs({"enable": True}, "xpu")
+
+
+# ----------------------------------------------------------------------------------------------
+# The CUDA backend's step (arctic_rl.zorro.vllm_cuda), with plain torch in place of the kernel
+
+def torch_varlen_attention(*, q, k, v, cu_seqlens_q, max_seqlen_q, seqused_k, max_seqlen_k, block_table, causal,
+                           scale=None):
+    """flash_attn_varlen_func(..., return_softmax_lse=True) over a paged NHD cache, in float64 torch:
+    out [T, H, D], lse [H, T] (FlashAttention's layouts). Checks the bounds the kernel assumes."""
+    from arctic_rl.zorro.cascade import gather_kv
+
+    T, H, D = q.shape
+    out, lse = torch.empty_like(q), torch.empty(H, T, dtype=torch.float32)
+    bs = k.shape[1]
+    cu, used = cu_seqlens_q.tolist(), seqused_k.tolist()
+    assert cu[0] == 0 and cu[-1] == T and len(used) == len(cu) - 1 == block_table.shape[0]
+    assert max(b - a for a, b in zip(cu, cu[1:])) <= max_seqlen_q and max(used) <= max_seqlen_k
+    for i, (a, b) in enumerate(zip(cu, cu[1:])):
+        n = used[i]
+        assert 0 < n <= block_table.shape[1] * bs
+        kk = gather_kv(k, block_table[i].long(), 0, n).transpose(0, 1).double()
+        vv = gather_kv(v, block_table[i].long(), 0, n).transpose(0, 1).double()
+        o, l = attention_with_lse(q[a:b].transpose(0, 1).double()[None], kk[None], vv[None], scale=scale,
+                                  causal=causal)
+        out[a:b], lse[:, a:b] = o[0].transpose(0, 1).to(q.dtype), l[0].float()
+    return out, lse
+
+
+@pytest.mark.parametrize("spec", sorted(SPECS))
+@pytest.mark.parametrize("heads", [(4, 2), (8, 1)])
+def test_cuda_backend_step_equals_standard(spec, heads):
+    from arctic_rl.zorro.vllm_cuda import cascade_decode_varlen, find_groups, plan_cascade
+
+    H, K = heads
+    q, kc, vc, table, lens, groups = random_paged(SPECS[spec], H=H, K=K, seed=len(spec) + 1)
+    ref = reference_decode(q, kc, vc, table, lens)
+    bs = kc.shape[1]
+    found = find_groups(table, lens, bs, min_prefix_len=1)
+    # groups end before each member's last token: every suffix pass has >= 1 key
+    assert all(lens[r] > g.prefix_len for g in found for r in g.rows)
+    given = [g for g in groups if len(g.rows) > 1 and all(lens[r] > g.prefix_len for r in g.rows)]
+    if spec in ("mixed", "many"):
+        assert found
+    for gs in (found, given):
+        plan = plan_cascade(table, lens, gs, bs)
+        if plan is None:
+            assert not gs
+            continue
+        out = cascade_decode_varlen(q, kc, vc, plan, torch_varlen_attention)
+        torch.testing.assert_close(out, ref, atol=2e-6, rtol=0)
+
+
+def test_cuda_plan_rejects_bad_groups():
+    from arctic_rl.zorro.vllm_cuda import plan_cascade
+
+    q, kc, vc, table, lens, groups = random_paged(SPECS["no_suffix"])
+    with pytest.raises(ValueError, match="< every member's seq_len"):
+        plan_cascade(table, lens, groups, kc.shape[1])   # members with no suffix
+    with pytest.raises(ValueError, match="multiple of the block size"):
+        plan_cascade(table, [n + 1 for n in lens], [PrefixGroup((0, 1), 3)], kc.shape[1])
+    assert plan_cascade(table, lens, [], kc.shape[1]) is None
 
 
 _VLLM_E2E = r"""
