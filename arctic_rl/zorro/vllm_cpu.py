@@ -12,9 +12,8 @@ so vLLM's own CPU decode kernel re-reads the prefix from L3 and the CPU cache al
 reads (6.96 ms at prefix 2048, suffix 64, G 16, 16/16 heads; 25.6 ms with a private prefix copy per
 request). This function must gather the blocks into contiguous per-head KV first, and is slower
 (11.8 ms, 0.59x). ZoRRo Inference is therefore off by default on CPU; enabled, the
-vLLM-CPU backend in `arctic_rl.zorro.vllm_backend` runs this function for decode batches. vLLM 0.32
-also removed its own cascade attention (`disable_cascade_attn` is a no-op), so on CUDA a custom
-backend would be needed too; it is not built (no GPU to measure it on).
+vLLM-CPU backend in `arctic_rl.zorro.vllm_backend` runs this function for decode batches. The CUDA
+backend is `arctic_rl.zorro.vllm_cuda`.
 
 Legend: Q requests, H query heads, K kv heads, D head dim, G requests in a group.
 """
