@@ -56,6 +56,10 @@ class SamplingWorker:
         )
         if vc.tensor_parallel_size == 1:
             kwargs["distributed_executor_backend"] = "uni"
+        elif accelerator() == "cuda":
+            # TP workers as Ray actors on this replica's placement-group bundles (the controller sets
+            # VLLM_RAY_BUNDLE_INDICES and VLLM_RAY_PER_WORKER_GPUS for this actor).
+            kwargs["distributed_executor_backend"] = "ray"
         if accelerator() == "cuda":
             kwargs["gpu_memory_utilization"] = vc.gpu_memory_utilization
             kwargs["enable_sleep_mode"] = self.cfg.colocate
@@ -80,7 +84,7 @@ class SamplingWorker:
     def ping(self) -> dict:
         import ray
         return {"replica": self.replica, "pid": os.getpid(), "start_s": self.start_s, "asleep": self.asleep,
-                "node_id": ray.get_runtime_context().get_node_id()}
+                "node_id": ray.get_runtime_context().get_node_id(), "gpu_ids": [str(g) for g in ray.get_gpu_ids()]}
 
     def generate(self, prompts: list, params: dict) -> list[list[dict]]:
         """One list of n samples per prompt. `prompts` are strings or lists of token ids."""

@@ -131,7 +131,7 @@ class TrainingWorker:
     def ping(self) -> dict:
         import ray
         return {"rank": self.rank, "pid": os.getpid(), "trainable": self.trainable,
-                "node_id": ray.get_runtime_context().get_node_id()}
+                "node_id": ray.get_runtime_context().get_node_id(), "gpu_ids": [str(g) for g in ray.get_gpu_ids()]}
 
     def _to_device(self, mb: Batch) -> Batch:
         dev = self.engine.device if self.engine is not None else accelerator()

@@ -34,26 +34,80 @@ def controller_name(job_id: str) -> str:
     return f"controller-{job_id}"
 
 
-def _actor_options(cfg: ArcticRLClientConfig, share: float) -> dict:
-    """GPU clusters: a fraction of a GPU per actor (colocated engines share devices)."""
-    if ray.cluster_resources().get("GPU", 0) > 0:
-        return {"num_gpus": share, "num_cpus": 1}
-    return {"num_cpus": 0}
-
-
 class _CpuPlacer:
     """CPU clusters: no CPU reservation (all engines share the cores), and actors dealt round-robin
     over the alive nodes, so a multi-node CPU cluster uses every node. Pinned by node id: Ray's
     SPREAD strategy is best effort and packed one node when the other had only just joined."""
 
-    def __init__(self):
+    def __init__(self, cfg: ArcticRLClientConfig):
         self.nodes = sorted(n["NodeID"] for n in ray.nodes() if n["Alive"])
         self.i = 0
 
-    def __call__(self) -> dict:
+    def _next(self) -> dict:
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
         node, self.i = self.nodes[self.i % len(self.nodes)], self.i + 1
-        return {"scheduling_strategy": NodeAffinitySchedulingStrategy(node, soft=True)}
+        return {"num_cpus": 0, "scheduling_strategy": NodeAffinitySchedulingStrategy(node, soft=True)}
+
+    def trainer(self, rank: int) -> dict:
+        return self._next()
+
+    reference = trainer
+
+    def sampler(self, replica: int) -> tuple[dict, dict]:
+        return self._next(), {}
+
+    def release(self) -> None:
+        pass
+
+
+class _GpuPlacer:
+    """GPU clusters: placement groups of one-GPU bundles, so which engines share a device is decided
+    here, not by Ray's packing of fractional GPUs (which put two trainer ranks on one GPU, or left a
+    colocated sampler unschedulable). Colocated: one pool of max(training, sampling) GPUs; trainer
+    rank i and sampler GPU i share bundle i, and a reference without GPUs of its own shares bundle 0..
+    Split: a pool per engine. Every actor takes FRAC of its bundle's GPU (up to three per device); a
+    sampler with tensor parallelism holds its first bundle and vLLM's Ray executor puts its TP workers
+    on the replica's bundles (VLLM_RAY_BUNDLE_INDICES, VLLM_RAY_PER_WORKER_GPUS)."""
+
+    FRAC = 0.3
+
+    def __init__(self, cfg: ArcticRLClientConfig):
+        self.tp = cfg.vllm_config.tensor_parallel_size
+        if cfg.colocate:
+            self.train_pg = self.sample_pg = self._pool(max(cfg.training_gpus, cfg.sampling_gpus))
+        else:
+            self.train_pg, self.sample_pg = self._pool(cfg.training_gpus), self._pool(cfg.sampling_gpus)
+        self.ref_pg = self._pool(cfg.log_prob_gpus) if cfg.log_prob_gpus else self.train_pg
+
+    @staticmethod
+    def _pool(n: int):
+        from ray.util.placement_group import placement_group
+        pg = placement_group([{"GPU": 1, "CPU": 1}] * n, strategy="PACK")
+        if not pg.wait(timeout_seconds=300):
+            raise ConfigError(f"Ray could not reserve {n} GPU bundles in 300 s (cluster: {ray.cluster_resources()})")
+        return pg
+
+    def _in(self, pg, bundle: int) -> dict:
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+        return {"num_gpus": self.FRAC, "num_cpus": 0, "scheduling_strategy": PlacementGroupSchedulingStrategy(
+            placement_group=pg, placement_group_bundle_index=bundle, placement_group_capture_child_tasks=True)}
+
+    def trainer(self, rank: int) -> dict:
+        return self._in(self.train_pg, rank)
+
+    def reference(self, rank: int) -> dict:
+        return self._in(self.ref_pg, rank)
+
+    def sampler(self, replica: int) -> tuple[dict, dict]:
+        first = replica * self.tp
+        env = {} if self.tp == 1 else {"VLLM_RAY_BUNDLE_INDICES": ",".join(str(first + k) for k in range(self.tp)),
+                                       "VLLM_RAY_PER_WORKER_GPUS": str(self.FRAC)}
+        return self._in(self.sample_pg, first), env
+
+    def release(self) -> None:
+        from ray.util.placement_group import remove_placement_group
+        for pg in {self.train_pg.id: self.train_pg, self.sample_pg.id: self.sample_pg, self.ref_pg.id: self.ref_pg}.values():
+            remove_placement_group(pg)
 
 
 class Controller:
@@ -66,20 +120,22 @@ class Controller:
         self.job_id = cfg.job_id
         self.locks = {e: threading.Lock() for e in ENGINES}
         self.step = 0
-        share = 0.5 if cfg.colocate else 1.0
-        env = {"env_vars": {"TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "")}}
-        env["env_vars"] = {k: v for k, v in env["env_vars"].items() if v}
-        train_opts = {"runtime_env": env, **_actor_options(cfg, share)}
-        sample_opts = {"runtime_env": env, **_actor_options(cfg, share * cfg.vllm_config.tensor_parallel_size)}
-        place = _CpuPlacer() if ray.cluster_resources().get("GPU", 0) == 0 else dict
+        env_vars = {"TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "")}
+        env_vars = {k: v for k, v in env_vars.items() if v}
+        self.placer = place = (_GpuPlacer if ray.cluster_resources().get("GPU", 0) > 0 else _CpuPlacer)(cfg)
         train_cls, sample_cls = ray.remote(TrainingWorker), ray.remote(SamplingWorker)
-        self.trainers = [train_cls.options(**train_opts, **place()).remote(cfg.to_json(), r, cfg.training_gpus, True)
+        env = {"env_vars": env_vars}
+        self.trainers = [train_cls.options(runtime_env=env, **place.trainer(r)).remote(cfg.to_json(), r, cfg.training_gpus, True)
                          for r in range(cfg.training_gpus)]
         # The reference model: dedicated workers, or one worker sharing the trainer's devices.
         n_ref = cfg.log_prob_gpus or 1
-        self.ref = [train_cls.options(**train_opts, **place()).remote(cfg.to_json(), r, n_ref, False) for r in range(n_ref)]
-        self.samplers = [sample_cls.options(**sample_opts, **place()).remote(cfg.to_json(), i)
-                         for i in range(cfg.num_sampling_replicas)]
+        self.ref = [train_cls.options(runtime_env=env, **place.reference(r)).remote(cfg.to_json(), r, n_ref, False)
+                    for r in range(n_ref)]
+        self.samplers = []
+        for i in range(cfg.num_sampling_replicas):
+            opts, tp_env = place.sampler(i)
+            self.samplers.append(sample_cls.options(runtime_env={"env_vars": {**env_vars, **tp_env}}, **opts)
+                                 .remote(cfg.to_json(), i))
         # Each DeepSpeed group meets at its rank 0's node (ranks may be on different nodes).
         setups = []
         for engine, group in (("training", self.trainers), ("log_prob", self.ref)):
@@ -353,6 +409,7 @@ class Controller:
         for actors in self.groups.values():
             for a in actors:
                 ray.kill(a)
+        self.placer.release()
         forget_deployment(self.job_id)
         me = ray.get_runtime_context().current_actor
         threading.Timer(0.5, lambda: ray.kill(me)).start()

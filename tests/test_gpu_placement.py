@@ -1,0 +1,71 @@
+"""GPU placement, on a Ray cluster that declares logical GPUs (the engines themselves run on CPU here):
+which engines share a device is decided by placement-group bundles, not by Ray packing fractional GPUs."""
+from __future__ import annotations
+
+import pytest
+
+from arctic_rl import ArcticRLClientConfig, create_arctic_rl_client
+from arctic_rl.batch import from_samples
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def two_gpu_cluster(monkeypatch):
+    import ray
+    from ray.cluster_utils import Cluster
+
+    if ray.is_initialized():
+        ray.shutdown()
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 4, "num_gpus": 2})
+    cluster.wait_for_nodes()
+    monkeypatch.setenv("RAY_ADDRESS", cluster.address)
+    yield cluster
+    if ray.is_initialized():
+        ray.shutdown()
+    cluster.shutdown()
+
+
+def _gpu(engine: dict) -> str:
+    assert len(engine["gpu_ids"]) == 1, engine
+    return engine["gpu_ids"][0]
+
+
+def test_colocated_engines_pair_up_on_devices(tiny_llama, two_gpu_cluster):
+    import ray
+
+    c = create_arctic_rl_client(ArcticRLClientConfig(
+        model_name=str(tiny_llama), training_gpus=2, sampling_gpus=2, colocate=True,
+        training_config={"dtype": "float32"}, vllm_config={"max_seq_len": 256, "dtype": "float32"}))
+    try:
+        e = c.health()["engines"]
+        # Two trainer ranks on two devices; sampler i on trainer rank i's device; the reference
+        # (no GPUs of its own) on rank 0's. The old fractional packing put both ranks on one GPU.
+        assert _gpu(e["training[0]"]) != _gpu(e["training[1]"]), e
+        assert _gpu(e["sampling[0]"]) == _gpu(e["training[0]"]) and _gpu(e["sampling[1]"]) == _gpu(e["training[1]"]), e
+        assert _gpu(e["log_prob[0]"]) == _gpu(e["training[0]"]), e
+        # the deployment works: sample, score, train, sync
+        samples = c.generate(["the quick brown fox"], {"n": 2, "max_tokens": 4, "seed": 0})
+        batch = from_samples(samples, [0] * 2)
+        assert c.log_probs(batch)["log_probs"].shape == batch["response_mask"].shape
+        assert ray.available_resources().get("GPU", 0) < 2  # the pool holds both devices
+    finally:
+        c.shutdown()
+    # shutdown hands the devices back (placement groups removed)
+    import time
+    deadline = time.time() + 30
+    while ray.available_resources().get("GPU", 0) < 2 and time.time() < deadline:
+        time.sleep(0.5)
+    assert ray.available_resources().get("GPU", 0) == 2
+
+
+def test_split_engines_get_their_own_devices(tiny_llama, two_gpu_cluster):
+    c = create_arctic_rl_client(ArcticRLClientConfig(
+        model_name=str(tiny_llama), training_gpus=1, sampling_gpus=1, colocate=False,
+        training_config={"dtype": "float32"}, vllm_config={"max_seq_len": 256, "dtype": "float32"}))
+    try:
+        e = c.health()["engines"]
+        assert _gpu(e["training[0]"]) != _gpu(e["sampling[0]"]), e
+        assert _gpu(e["log_prob[0]"]) == _gpu(e["training[0]"]), e
+    finally:
+        c.shutdown()
