@@ -48,6 +48,7 @@ class CascadePlan:
     prefix_lens: torch.Tensor    # [num_groups] int32, tokens (block-aligned)
     prefix_tables: torch.Tensor  # [num_groups, max_blocks] int32: the first member's row
     max_prefix: int
+    cu_suffix: torch.Tensor      # [Q + 1] int32: 0..Q (one query token per request)
     suffix_lens: torch.Tensor    # [Q] int32: seq_len - prefix_len (the whole length if in no group)
     suffix_tables: torch.Tensor  # [Q, max_blocks] int32: each row shifted past its prefix blocks
     max_suffix: int
@@ -91,7 +92,7 @@ def plan_cascade(block_table: torch.Tensor, seq_lens: Sequence[int], groups: Seq
         max_group=max(cu[i + 1] - cu[i] for i in range(len(plens))),
         prefix_lens=torch.tensor(plens, **i32),
         prefix_tables=block_table.index_select(0, torch.tensor(heads, device=dev)).to(torch.int32),
-        max_prefix=max(plens), suffix_lens=torch.tensor(suffix_lens, **i32),
+        max_prefix=max(plens), cu_suffix=torch.arange(Q + 1, **i32), suffix_lens=torch.tensor(suffix_lens, **i32),
         suffix_tables=block_table.gather(1, cols).to(torch.int32), max_suffix=max(suffix_lens))
 
 
@@ -102,9 +103,7 @@ def cascade_decode_varlen(query: torch.Tensor, key_cache: torch.Tensor, value_ca
     attend(q=, k=, v=, cu_seqlens_q=, max_seqlen_q=, seqused_k=, max_seqlen_k=, block_table=, causal=)
     -> (out [T, H, D], lse [H, T]): flash_attn_varlen_func with return_softmax_lse=True (and the
     softmax scale bound), or any function with its signature."""
-    Q = query.shape[0]
-    o_s, l_s = attend(q=query, k=key_cache, v=value_cache,
-                      cu_seqlens_q=torch.arange(Q + 1, dtype=torch.int32, device=query.device), max_seqlen_q=1,
+    o_s, l_s = attend(q=query, k=key_cache, v=value_cache, cu_seqlens_q=plan.cu_suffix, max_seqlen_q=1,
                       seqused_k=plan.suffix_lens, max_seqlen_k=plan.max_suffix, block_table=plan.suffix_tables,
                       causal=True)
     o_p, l_p = attend(q=query.index_select(0, plan.order), k=key_cache, v=value_cache, cu_seqlens_q=plan.cu_q,
