@@ -35,18 +35,32 @@ def controller_name(job_id: str) -> str:
 
 
 class _CpuPlacer:
-    """CPU clusters: no CPU reservation (all engines share the cores), and actors dealt round-robin
-    over the alive nodes, so a multi-node CPU cluster uses every node. Pinned by node id: Ray's
-    SPREAD strategy is best effort and packed one node when the other had only just joined."""
+    """CPU clusters: one SPREAD placement group of token bundles (0.01 CPU: no real reservation, all
+    engines share the cores), actors dealt to bundles round-robin over the nodes the bundles landed
+    on, so a multi-node CPU cluster uses every node. The GCS places bundles from its own view of the
+    cluster, and an actor's lease then follows its bundle. (Ray's SPREAD strategy and soft node
+    affinity are decided from the local raylet's view, which in CI had not yet seen a node that had
+    just joined, and packed every engine on one node.)"""
 
     def __init__(self, cfg: ArcticRLClientConfig):
-        self.nodes = sorted(n["NodeID"] for n in ray.nodes() if n["Alive"])
+        from ray.util.placement_group import placement_group, placement_group_table
+
+        n = cfg.training_gpus + (cfg.log_prob_gpus or 1) + cfg.num_sampling_replicas
+        self.pg = placement_group([{"CPU": 0.01}] * n, strategy="SPREAD")
+        if not self.pg.wait(timeout_seconds=300):
+            raise ConfigError(f"Ray could not place {n} engine bundles in 300 s (cluster: {ray.cluster_resources()})")
+        by_node: dict[str, list[int]] = {}
+        for b, node in sorted(placement_group_table(self.pg)["bundles_to_node_id"].items()):
+            by_node.setdefault(node, []).append(b)
+        queues = [by_node[k] for k in sorted(by_node)]
+        self.order = [q[k] for k in range(max(map(len, queues))) for q in queues if k < len(q)]
         self.i = 0
 
     def _next(self) -> dict:
-        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-        node, self.i = self.nodes[self.i % len(self.nodes)], self.i + 1
-        return {"num_cpus": 0, "scheduling_strategy": NodeAffinitySchedulingStrategy(node, soft=True)}
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+        bundle, self.i = self.order[self.i], self.i + 1
+        return {"num_cpus": 0, "scheduling_strategy": PlacementGroupSchedulingStrategy(
+            placement_group=self.pg, placement_group_bundle_index=bundle)}
 
     def trainer(self, rank: int) -> dict:
         return self._next()
@@ -57,7 +71,8 @@ class _CpuPlacer:
         return self._next(), {}
 
     def release(self) -> None:
-        pass
+        from ray.util.placement_group import remove_placement_group
+        remove_placement_group(self.pg)
 
 
 class _GpuPlacer:
