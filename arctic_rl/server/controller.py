@@ -81,8 +81,9 @@ class _GpuPlacer:
     colocated sampler unschedulable). Colocated: one pool of max(training, sampling) GPUs; trainer
     rank i and sampler GPU i share bundle i, and a reference without GPUs of its own shares bundle 0..
     Split: a pool per engine. Every actor takes FRAC of its bundle's GPU (up to three per device); a
-    sampler with tensor parallelism holds its first bundle and vLLM's Ray executor puts its TP workers
-    on the replica's bundles (VLLM_RAY_BUNDLE_INDICES, VLLM_RAY_PER_WORKER_GPUS)."""
+    sampler with tensor parallelism sits in its first bundle without a share, and vLLM's Ray executor
+    puts its TP workers on the replica's bundles (VLLM_RAY_BUNDLE_INDICES, VLLM_RAY_PER_WORKER_GPUS).
+    Not run with TP > 1 here (no GPUs)."""
 
     FRAC = 0.3
 
@@ -115,9 +116,15 @@ class _GpuPlacer:
 
     def sampler(self, replica: int) -> tuple[dict, dict]:
         first = replica * self.tp
-        env = {} if self.tp == 1 else {"VLLM_RAY_BUNDLE_INDICES": ",".join(str(first + k) for k in range(self.tp)),
-                                       "VLLM_RAY_PER_WORKER_GPUS": str(self.FRAC)}
-        return self._in(self.sample_pg, first), env
+        opts = self._in(self.sample_pg, first)
+        if self.tp == 1:
+            return opts, {}
+        # TP > 1: this actor only drives vLLM; its TP workers hold the GPU shares. Taking none here
+        # keeps bundle 0 at trainer + reference + TP worker; the NOSET flag keeps the node's GPUs
+        # visible, so this process still sees CUDA (Ray would blank CUDA_VISIBLE_DEVICES).
+        opts["num_gpus"] = 0
+        return opts, {"VLLM_RAY_BUNDLE_INDICES": ",".join(str(first + k) for k in range(self.tp)),
+                      "VLLM_RAY_PER_WORKER_GPUS": str(self.FRAC), "RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES": "1"}
 
     def release(self) -> None:
         from ray.util.placement_group import remove_placement_group
