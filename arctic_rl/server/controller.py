@@ -13,7 +13,6 @@ import threading
 import time
 import traceback
 from pathlib import Path
-from typing import Any, Callable
 
 import ray
 import torch

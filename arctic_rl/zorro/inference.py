@@ -13,11 +13,8 @@ vLLM's own kernel (docs/zorro.md); on CUDA it has not run yet (no GPU in this wo
 from __future__ import annotations
 
 import json
-import logging
 import os
 from typing import Any
-
-log = logging.getLogger(__name__)
 
 
 def _as_dict(cfg: Any) -> dict:
