@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import shlex
+import signal
 import sys
 import time
 from collections.abc import Sequence
@@ -53,6 +54,15 @@ class RecipeJob(submitit.helpers.Checkpointable):
         if code != 0:
             raise RuntimeError(f"recipe command exited with code {code}: {shlex.join(cfg.command)}")
         return code
+
+    def checkpoint(self, *args: Any, **kwargs: Any) -> submitit.helpers.DelayedSubmission:
+        # submitit calls this from its USR2 handler right before `scontrol requeue`. The requeue stops the
+        # job, and Slurm's SIGTERM to the job's processes can reach that scontrol before it returns: it
+        # then dies, submitit records the job as failed although Slurm requeued it (seen in CI under load).
+        # An ignored signal stays ignored across fork/exec, so scontrol survives; this process is about
+        # to exit anyway (submitit's _exit), and Slurm still SIGKILLs stragglers after KillWait.
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        return super().checkpoint(*args, **kwargs)
 
 
 def build_parser() -> argparse.ArgumentParser:
