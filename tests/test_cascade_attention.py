@@ -113,6 +113,8 @@ SPECS = {
     "group_of_one": [(5, [3])],
     "no_suffix": [(2, [0, 0, 0])],
     "many": [(2, [1 + (i * 5) % 9 for i in range(16)]), (3, [4] * 6)],
+    # members in lockstep (equal suffixes), groups on and off the CPU kernel (16+ rows vs 8)
+    "lockstep": [(3, [5] * 16), (2, [19] * 8), (1, [2] * 13)],
 }
 
 
