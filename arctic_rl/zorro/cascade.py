@@ -23,7 +23,6 @@ from typing import Hashable, Sequence
 
 import torch
 
-from arctic_rl.zorro.group_attention import group_attention
 from arctic_rl.zorro.merge import merge_attention_states
 
 _flash_cpu = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
@@ -151,8 +150,8 @@ def _prefix_pass(q_GHD: torch.Tensor, k_KSD: torch.Tensor, v_KSD: torch.Tensor, 
     K = k_KSD.shape[0]
     rep = H // K
     q = q_GHD.view(G, K, rep, D).permute(1, 0, 2, 3).reshape(1, K, G * rep, D)
-    if q_GHD.device.type == "cpu":   # our kernel for fp32 (rows in vector lanes), else torch's flash kernel
-        o, l = group_attention(q, k_KSD.unsqueeze(0), v_KSD.unsqueeze(0), scale)
+    if q_GHD.device.type == "cpu":
+        o, l = _flash_cpu(q, k_KSD.unsqueeze(0), v_KSD.unsqueeze(0), 0.0, False, scale=scale)
     else:
         from arctic_rl.zorro.merge import attention_with_lse
         o, l = attention_with_lse(q, k_KSD.unsqueeze(0), v_KSD.unsqueeze(0), scale=scale)
