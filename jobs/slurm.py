@@ -56,9 +56,9 @@ class RecipeJob(submitit.helpers.Checkpointable):
         return code
 
     def checkpoint(self, *args: Any, **kwargs: Any) -> submitit.helpers.DelayedSubmission:
-        # submitit calls this from its USR2 handler right before `scontrol requeue`. The requeue stops the
-        # job, and Slurm's SIGTERM to the job's processes can reach that scontrol before it returns: it
-        # then dies, submitit records the job as failed although Slurm requeued it (seen in CI under load).
+        # submitit calls this from its USR2 handler right before `scontrol requeue`. A SIGTERM to the job's
+        # processes (the preemption's own, or the requeue stopping the job) can reach that scontrol before
+        # it returns: it dies, and submitit records the job as failed although Slurm requeued it (CI, under load).
         # An ignored signal stays ignored across fork/exec, so scontrol survives; this process is about
         # to exit anyway (submitit's _exit), and Slurm still SIGKILLs stragglers after KillWait.
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
