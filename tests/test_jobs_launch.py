@@ -69,3 +69,25 @@ def test_torchx_slurm_dryrun_writes_a_het_job(tmp_path: Path) -> None:
     script = out.stdout + out.stderr
     assert "#SBATCH hetjob" in script and "--rank=0" in script and "--rank=1" in script
     assert "--head-env=SLURM_JOB_NODELIST_HET_GROUP_0" in script and "resume=auto" in script
+
+
+def test_checkpoint_lets_the_requeue_survive_sigterm() -> None:
+    """submitit runs `scontrol requeue` right after RecipeJob.checkpoint(); a SIGTERM to the job's
+    processes (the preemption's, or the requeue's own) must not kill that child mid-call (CI saw it).
+    Here the child is a shell that SIGTERMs itself; the pytest process's own signals are left alone."""
+    code = (
+        "import subprocess\n"
+        "from jobs import slurm\n"
+        "job = slurm.RecipeJob(template=None)\n"
+        "{call}"
+        "r = subprocess.run(['sh', '-c', 'kill -TERM $$; echo alive'], capture_output=True, text=True)\n"
+        "print(r.returncode, r.stdout.strip())\n"
+    )
+
+    def child(call: str) -> list[str]:
+        out = subprocess.run([sys.executable, "-c", code.format(call=call)], cwd=REPO, capture_output=True,
+                             text=True, timeout=120)
+        assert out.returncode == 0, out.stderr
+        return out.stdout.split()
+    assert child("") == ["-15"]  # without the checkpoint, the child dies of the signal
+    assert child("job.checkpoint()\n") == ["0", "alive"]
