@@ -1,0 +1,241 @@
+// ZoRRo Inference on CPU: decode attention of R query rows per (batch row, KV head) over keys read
+// straight from a paged KV cache (or a contiguous one), fp32, returning the output and the
+// log-sum-exp for merge_attention_states. Built on first use by group_attention.py.
+//
+// Why a kernel of our own: (1) vLLM-CPU keeps a group's shared prefix in shared blocks; reading
+// them in place avoids the block gathers that made the cascade lose to vLLM's own kernel (copies
+// were 12 of its 17 ms). (2) The cascade prefix pass is G x H/K rows over thousands of keys per KV
+// head; torch's CPU flash kernel runs those 16-row GEMMs at ~60 GFLOP/s. Here the rows sit in the
+// 16 lanes of one vector register, so a 16-key tile of scores, its online softmax and its P.V
+// update stay in registers, every FLOP is a full-width FMA, and the max and sum over keys are
+// element-wise across registers (no horizontal reductions).
+//
+// Layout (Job): q (b, h, r, d) at q + b*q_sb + h*q_sh + r*q_sr + d. Key t of batch row b, head h,
+// dim d at k + blk*k_sblk + h*k_sh + (t % bs)*k_st + d*k_sd with blk = blocks[b*bt_sb + t / bs]
+// (blocks == null: blk = b and one block holds every key). vLLM-CPU's keys have k_st = 1,
+// k_sd = bs (each block stores K^T); its values v_st = D, v_sd = 1. Row b attends to keys
+// [starts[b], ends[b]); a start must be block-aligned and bs a multiple of 16, so a 16-key tile never
+// crosses a block. out (b, h, r, d) at out + ((b*H + h)*R + r)*D + d; lse at (b*H + h)*R + r.
+// Head h of the query reads KV head h (the caller folds GQA into R).
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+struct Job {  // mirrored by group_attention.py's ctypes Structure, field for field
+  const float *q, *k, *v;
+  float *out, *lse;
+  const int32_t* blocks;
+  const int64_t *starts, *ends;
+  int64_t B, H, R, D, bs, bt_sb;
+  int64_t q_sb, q_sh, q_sr;
+  int64_t k_sblk, k_sh, k_st, k_sd;
+  int64_t v_sblk, v_sh, v_st, v_sd;
+  float scale;
+};
+
+namespace {
+
+constexpr int W = 16;  // rows per register, keys per tile
+typedef float vf __attribute__((vector_size(W * sizeof(float))));
+typedef int32_t vi __attribute__((vector_size(W * sizeof(int32_t))));
+
+inline vf splat(float x) { return x - vf{}; }  // x - 0 folds to a broadcast (x + 0 would not: -0.0)
+inline vf vmax(vf a, vf b) { return a > b ? a : b; }
+
+// exp(x) to ~1 ulp for x in [-87.3, 88.3] (clamped below: exp of a masked or -inf score is ~1e-38,
+// and it only ever multiplies state that is still 0). Cody-Waite reduction, degree-6 polynomial.
+inline vf vexp(vf x) {
+  x = vmax(x, splat(-87.3f));
+  x = x < splat(88.3f) ? x : splat(88.3f);
+  vf n = x * splat(1.44269504088896341f);
+  n = __builtin_convertvector(__builtin_convertvector(n + (n >= splat(0.f) ? splat(0.5f) : splat(-0.5f)), vi), vf);
+  vf r = x - n * splat(0.693359375f);
+  r = r - n * splat(-2.12194440e-4f);
+  vf p = splat(1.9875691500e-4f);
+  p = p * r + splat(1.3981999507e-3f);
+  p = p * r + splat(8.3334519073e-3f);
+  p = p * r + splat(4.1665795894e-2f);
+  p = p * r + splat(1.6666665459e-1f);
+  p = p * r + splat(5.0000001201e-1f);
+  p = p * r * r + r + splat(1.0f);
+  vi e = (__builtin_convertvector(n, vi) + 127) << 23;
+  vf two_n;
+  __builtin_memcpy(&two_n, &e, sizeof(vf));
+  return p * two_n;
+}
+
+// One (b, h, chunk of up to 16 rows) item: stream the row's keys once, in tiles of 16.
+void item(const Job& a, int64_t b, int64_t h, int64_t r0, vf* qt, vf* ot) {
+  const int64_t D = a.D, nr = std::min<int64_t>(W, a.R - r0);
+  const float* q = a.q + b * a.q_sb + h * a.q_sh + r0 * a.q_sr;
+  for (int64_t d = 0; d < D; ++d) {  // rows into lanes, pre-scaled: qt[d][r] = q[r][d] * scale
+    vf x = {};
+    for (int64_t r = 0; r < nr; ++r) x[r] = q[r * a.q_sr + d] * a.scale;
+    qt[d] = x;
+    ot[d] = vf{};
+  }
+  const int64_t ks = a.k_st, kd = a.k_sd, vs = a.v_st, vd = a.v_sd;
+  auto tile = [&](const float* base, int64_t sblk, int64_t sh, int64_t st, int64_t t) {
+    const int64_t blk = a.blocks ? a.blocks[b * a.bt_sb + t / a.bs] : b;
+    return base + blk * sblk + h * sh + (a.blocks ? t % a.bs : t) * st;
+  };
+  vf m = splat(-INFINITY), l = {};
+  const int64_t start = a.starts[b], end = a.ends[b];
+  for (int64_t t0 = start; t0 < end; t0 += W) {
+    const int nt = (int)std::min<int64_t>(W, end - t0);
+    const float* kt = tile(a.k, a.k_sblk, a.k_sh, ks, t0);
+    const float* vt = tile(a.v, a.v_sblk, a.v_sh, vs, t0);
+    vf s[W];
+    for (int j = 0; j < W; ++j) s[j] = vf{};
+    if (nt == W) {
+      for (int64_t d = 0; d < D; ++d) {
+        const vf qd = qt[d];
+#pragma GCC unroll 16
+        for (int j = 0; j < W; ++j) s[j] += splat(kt[j * ks + d * kd]) * qd;
+      }
+    } else {
+      for (int64_t d = 0; d < D; ++d)
+        for (int j = 0; j < nt; ++j) s[j] += splat(kt[j * ks + d * kd]) * qt[d];
+    }
+    vf mt = s[0];
+    for (int j = 1; j < nt; ++j) mt = vmax(mt, s[j]);
+    const vf mn = vmax(m, mt), alpha = vexp(m - mn);
+    vf sum = {};
+    for (int j = 0; j < nt; ++j) {
+      s[j] = vexp(s[j] - mn);
+      sum += s[j];
+    }
+    l = l * alpha + sum;
+    m = mn;
+    if (nt == W) {
+      // Eight output columns at a time: eight independent FMA chains (one chain of 16 would stall
+      // on FMA latency).
+      int64_t d = 0;
+      for (; d + 8 <= D; d += 8) {
+        vf o[8];
+        for (int c = 0; c < 8; ++c) o[c] = ot[d + c] * alpha;
+#pragma GCC unroll 16
+        for (int j = 0; j < W; ++j) {
+#pragma GCC unroll 8
+          for (int c = 0; c < 8; ++c) o[c] += splat(vt[j * vs + (d + c) * vd]) * s[j];
+        }
+        for (int c = 0; c < 8; ++c) ot[d + c] = o[c];
+      }
+      for (; d < D; ++d) {
+        vf o = ot[d] * alpha;
+        for (int j = 0; j < W; ++j) o += splat(vt[j * vs + d * vd]) * s[j];
+        ot[d] = o;
+      }
+    } else {
+      for (int64_t d = 0; d < D; ++d) {
+        vf o = ot[d] * alpha;
+        for (int j = 0; j < nt; ++j) o += splat(vt[j * vs + d * vd]) * s[j];
+        ot[d] = o;
+      }
+    }
+  }
+  float* o = a.out + ((b * a.H + h) * a.R + r0) * D;
+  float* ls = a.lse + (b * a.H + h) * a.R + r0;
+  if (end <= start) {  // no keys: out 0, lse -inf (what merge_attention_states takes as an empty part)
+    for (int64_t x = 0; x < nr * D; ++x) o[x] = 0.f;
+    for (int64_t r = 0; r < nr; ++r) ls[r] = -INFINITY;
+    return;
+  }
+  const vf inv = splat(1.0f) / l;
+  for (int64_t d = 0; d < D; ++d) {
+    const vf x = ot[d] * inv;
+    for (int64_t r = 0; r < nr; ++r) o[r * D + d] = x[r];
+  }
+  for (int64_t r = 0; r < nr; ++r) ls[r] = m[r] + std::log(l[r]);
+}
+
+// Few rows (a suffix pass of one request, R = H/K): rows in lanes would leave most lanes idle, so
+// put keys in lanes instead, one row at a time. Needs keys contiguous along t (vLLM-CPU's K^T
+// blocks: 16 keys of one dim are one vector load), values contiguous along d, and D % 16 == 0.
+void item_keys_in_lanes(const Job& a, int64_t b, int64_t h, float* qs) {
+  const int64_t D = a.D, nv = D / W, start = a.starts[b], end = a.ends[b];
+  auto tile = [&](const float* base, int64_t sblk, int64_t sh, int64_t st, int64_t t) {
+    const int64_t blk = a.blocks ? a.blocks[b * a.bt_sb + t / a.bs] : b;
+    return base + blk * sblk + h * sh + (a.blocks ? t % a.bs : t) * st;
+  };
+  for (int64_t r = 0; r < a.R; ++r) {
+    const float* q = a.q + b * a.q_sb + h * a.q_sh + r * a.q_sr;
+    for (int64_t d = 0; d < D; ++d) qs[d] = q[d] * a.scale;
+    std::vector<vf> ov(nv, vf{});
+    float m = -INFINITY, l = 0.f;
+    for (int64_t t0 = start; t0 < end; t0 += W) {
+      const int nt = (int)std::min<int64_t>(W, end - t0);
+      const float* kt = tile(a.k, a.k_sblk, a.k_sh, a.k_st, t0);  // (j, d) at kt[j + d * k_sd]
+      const float* vt = tile(a.v, a.v_sblk, a.v_sh, a.v_st, t0);  // (j, d) at vt[j * v_st + d]
+      vf s4[4] = {vf{}, vf{}, vf{}, vf{}};  // four chains over d (FMA latency)
+      for (int64_t d = 0; d < D; d += 4)
+        for (int c = 0; c < 4; ++c) {
+          vf kv;
+          __builtin_memcpy(&kv, kt + (d + c) * a.k_sd, sizeof(vf));  // lanes past nt: other slots of the block
+          s4[c] += splat(qs[d + c]) * kv;
+        }
+      vf sv = (s4[0] + s4[1]) + (s4[2] + s4[3]);
+      float mt = -INFINITY;
+      for (int j = 0; j < nt; ++j) mt = std::max(mt, sv[j]);
+      const float mn = std::max(m, mt), alpha = std::exp(m - mn);
+      for (int j = nt; j < W; ++j) sv[j] = -INFINITY;
+      const vf p = vexp(sv - splat(mn));
+      float sum = 0.f;
+      for (int j = 0; j < nt; ++j) sum += p[j];
+      l = l * alpha + sum;
+      m = mn;
+      for (int64_t c = 0; c < nv; ++c) ov[c] *= splat(alpha);
+      for (int j = 0; j < nt; ++j) {
+        const vf pj = splat(p[j]);
+        for (int64_t c = 0; c < nv; ++c) {
+          vf vv;
+          __builtin_memcpy(&vv, vt + j * a.v_st + c * W, sizeof(vf));
+          ov[c] += pj * vv;
+        }
+      }
+    }
+    float* o = a.out + ((b * a.H + h) * a.R + r) * D;
+    const float inv = end > start ? 1.f / l : 0.f;
+    for (int64_t c = 0; c < nv; ++c) {
+      const vf x = ov[c] * splat(inv);
+      __builtin_memcpy(o + c * W, &x, sizeof(vf));
+    }
+    a.lse[(b * a.H + h) * a.R + r] = end > start ? m + std::log(l) : -INFINITY;
+  }
+}
+
+}  // namespace
+
+extern "C" int zorro_group_attention(const Job* job, int threads) {
+  const Job& a = *job;
+  if (a.B < 1 || a.H < 1 || a.R < 1 || a.D < 1 || threads < 1 || !a.starts || !a.ends) return 1;
+  if (a.blocks && (a.bs < W || a.bs % W)) return 2;
+  for (int64_t b = 0; b < a.B; ++b)
+    if (a.starts[b] < 0 || a.ends[b] < a.starts[b] || (a.blocks && a.starts[b] % a.bs)) return 3;
+  // Up to 4 rows: keys in lanes, where the layout allows (see item_keys_in_lanes); else rows in lanes.
+  // (paged only: a partial tile loads 16 slots of its block, which a contiguous tensor may not have)
+  const bool few = a.R <= 4 && a.blocks && a.k_st == 1 && a.v_sd == 1 && a.D % W == 0;
+  if (few) {
+#pragma omp parallel num_threads(threads)
+    {
+      std::vector<float> qs(a.D);
+#pragma omp for schedule(dynamic, 4)
+      for (int64_t i = 0; i < a.B * a.H; ++i) item_keys_in_lanes(a, i / a.H, i % a.H, qs.data());
+    }
+    return 0;
+  }
+  const int64_t chunks = (a.R + W - 1) / W, items = a.B * a.H * chunks;
+  // OpenMP, not std::thread: this library links the libgomp torch has loaded, so it runs on torch's
+  // own worker threads (fresh threads would compete with them while they spin after a torch op).
+#pragma omp parallel num_threads(threads)
+  {
+    std::vector<vf> buf(2 * a.D);  // qt, ot: 2 x D x 64 B, L1-resident for D <= 128
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t i = 0; i < items; ++i) {
+      const int64_t c = i % chunks, bh = i / chunks;
+      item(a, bh / a.H, bh % a.H, c * W, buf.data(), buf.data() + a.D);
+    }
+  }
+  return 0;
+}
