@@ -66,6 +66,9 @@ inline vf vexp(vf x) {
 }
 
 // One (b, h, chunk of up to 16 rows) item: stream the row's keys once, in tiles of 16.
+// KT: keys stored K^T (k_st == 1, vLLM-CPU's blocks) and values row-major (v_sd == 1), as compile-time
+// strides: the 16 keys of a tile are then fixed offsets from one pointer (measured faster).
+template <bool KT>
 void item(const Job& a, int64_t b, int64_t h, int64_t r0, vf* qt, vf* ot) {
   const int64_t D = a.D, nr = std::min<int64_t>(W, a.R - r0);
   const float* q = a.q + b * a.q_sb + h * a.q_sh + r0 * a.q_sr;
@@ -75,7 +78,7 @@ void item(const Job& a, int64_t b, int64_t h, int64_t r0, vf* qt, vf* ot) {
     qt[d] = x;
     ot[d] = vf{};
   }
-  const int64_t ks = a.k_st, kd = a.k_sd, vs = a.v_st, vd = a.v_sd;
+  const int64_t ks = KT ? 1 : a.k_st, kd = a.k_sd, vs = a.v_st, vd = KT ? 1 : a.v_sd;
   auto tile = [&](const float* base, int64_t sblk, int64_t sh, int64_t st, int64_t t) {
     const int64_t blk = a.blocks ? a.blocks[b * a.bt_sb + t / a.bs] : b;
     return base + blk * sblk + h * sh + (a.blocks ? t % a.bs : t) * st;
@@ -226,6 +229,7 @@ extern "C" int zorro_group_attention(const Job* job, int threads) {
     return 0;
   }
   const int64_t chunks = (a.R + W - 1) / W, items = a.B * a.H * chunks;
+  const bool kt_layout = a.k_st == 1 && a.v_sd == 1;
   // OpenMP, not std::thread: this library links the libgomp torch has loaded, so it runs on torch's
   // own worker threads (fresh threads would compete with them while they spin after a torch op).
 #pragma omp parallel num_threads(threads)
@@ -234,7 +238,10 @@ extern "C" int zorro_group_attention(const Job* job, int threads) {
 #pragma omp for schedule(dynamic, 1)
     for (int64_t i = 0; i < items; ++i) {
       const int64_t c = i % chunks, bh = i / chunks;
-      item(a, bh / a.H, bh % a.H, c * W, buf.data(), buf.data() + a.D);
+      if (kt_layout)
+        item<true>(a, bh / a.H, bh % a.H, c * W, buf.data(), buf.data() + a.D);
+      else
+        item<false>(a, bh / a.H, bh % a.H, c * W, buf.data(), buf.data() + a.D);
     }
   }
   return 0;
