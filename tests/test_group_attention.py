@@ -66,8 +66,9 @@ def reference(q, key, value, table, bs, starts, ends, scale):
 
 
 # (R rows, D): 1-4 rows take the keys-in-lanes path, more rows the rows-in-lanes one (13: a partial
-# 16-row chunk; 40: three chunks); D 64/128, and 80 (a multiple of 16, not of 32).
-@pytest.mark.parametrize("R, D", [(1, 128), (4, 64), (13, 64), (16, 128), (40, 80)])
+# 16-row chunk; 40: three chunks of one item; 70: an item of four chunks and one of one, partial);
+# D 64/128, and 80 (a multiple of 16, not of 32).
+@pytest.mark.parametrize("R, D", [(1, 128), (4, 64), (13, 64), (16, 128), (40, 80), (70, 64)])
 def test_paged_vllm_layout_equals_attention(R, D, kernel):
     g = torch.Generator().manual_seed(R * 1000 + D)
     K, bs, nblocks = 3, 32, 12

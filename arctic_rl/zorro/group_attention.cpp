@@ -65,92 +65,107 @@ inline vf vexp(vf x) {
   return p * two_n;
 }
 
-// One (b, h, chunk of up to 16 rows) item: stream the row's keys once, in tiles of 16.
+// One item: (b, h) and up to CH chunks of 16 rows (GQA folds H/K query heads per KV head into the
+// rows: 64 rows at G 16, 32/8 heads). The row's keys are streamed once, in tiles of 16, and each tile
+// serves every chunk while it is in L1 (one chunk per item re-read each KV head 4 times there).
 // KT: keys stored K^T (k_st == 1, vLLM-CPU's blocks) and values row-major (v_sd == 1), as compile-time
 // strides: the 16 keys of a tile are then fixed offsets from one pointer (measured faster).
+constexpr int CH = 4;
+
 template <bool KT>
 void item(const Job& a, int64_t b, int64_t h, int64_t r0, vf* qt, vf* ot) {
-  const int64_t D = a.D, nr = std::min<int64_t>(W, a.R - r0);
+  const int64_t D = a.D, rows = std::min<int64_t>(CH * W, a.R - r0), nc = (rows + W - 1) / W;
   const float* q = a.q + b * a.q_sb + h * a.q_sh + r0 * a.q_sr;
-  for (int64_t d = 0; d < D; ++d) {  // rows into lanes, pre-scaled: qt[d][r] = q[r][d] * scale
-    vf x = {};
-    for (int64_t r = 0; r < nr; ++r) x[r] = q[r * a.q_sr + d] * a.scale;
-    qt[d] = x;
-    ot[d] = vf{};
+  for (int64_t c = 0; c < nc; ++c) {  // rows into lanes, pre-scaled: qt[c][d][r] = q[16c + r][d] * scale
+    const int64_t nr = std::min<int64_t>(W, rows - c * W);
+    for (int64_t d = 0; d < D; ++d) {
+      vf x = {};
+      for (int64_t r = 0; r < nr; ++r) x[r] = q[(c * W + r) * a.q_sr + d] * a.scale;
+      qt[c * D + d] = x;
+      ot[c * D + d] = vf{};
+    }
   }
   const int64_t ks = KT ? 1 : a.k_st, kd = a.k_sd, vs = a.v_st, vd = KT ? 1 : a.v_sd;
   auto tile = [&](const float* base, int64_t sblk, int64_t sh, int64_t st, int64_t t) {
     const int64_t blk = a.blocks ? a.blocks[b * a.bt_sb + t / a.bs] : b;
     return base + blk * sblk + h * sh + (a.blocks ? t % a.bs : t) * st;
   };
-  vf m = splat(-INFINITY), l = {};
+  vf m[CH], l[CH];
+  for (int c = 0; c < CH; ++c) m[c] = splat(-INFINITY), l[c] = vf{};
   const int64_t start = a.starts[b], end = a.ends[b];
   for (int64_t t0 = start; t0 < end; t0 += W) {
     const int nt = (int)std::min<int64_t>(W, end - t0);
     const float* kt = tile(a.k, a.k_sblk, a.k_sh, ks, t0);
     const float* vt = tile(a.v, a.v_sblk, a.v_sh, vs, t0);
-    vf s[W];
-    for (int j = 0; j < W; ++j) s[j] = vf{};
-    if (nt == W) {
-      for (int64_t d = 0; d < D; ++d) {
-        const vf qd = qt[d];
+    for (int64_t c = 0; c < nc; ++c) {
+      const vf* qc = qt + c * D;
+      vf* oc = ot + c * D;
+      vf s[W];
+      for (int j = 0; j < W; ++j) s[j] = vf{};
+      if (nt == W) {
+        for (int64_t d = 0; d < D; ++d) {
+          const vf qd = qc[d];
 #pragma GCC unroll 16
-        for (int j = 0; j < W; ++j) s[j] += splat(kt[j * ks + d * kd]) * qd;
-      }
-    } else {
-      for (int64_t d = 0; d < D; ++d)
-        for (int j = 0; j < nt; ++j) s[j] += splat(kt[j * ks + d * kd]) * qt[d];
-    }
-    vf mt = s[0];
-    for (int j = 1; j < nt; ++j) mt = vmax(mt, s[j]);
-    const vf mn = vmax(m, mt), alpha = vexp(m - mn);
-    vf sum = {};
-    for (int j = 0; j < nt; ++j) {
-      s[j] = vexp(s[j] - mn);
-      sum += s[j];
-    }
-    l = l * alpha + sum;
-    m = mn;
-    if (nt == W) {
-      // Eight output columns at a time: eight independent FMA chains (one chain of 16 would stall
-      // on FMA latency).
-      int64_t d = 0;
-      for (; d + 8 <= D; d += 8) {
-        vf o[8];
-        for (int c = 0; c < 8; ++c) o[c] = ot[d + c] * alpha;
-#pragma GCC unroll 16
-        for (int j = 0; j < W; ++j) {
-#pragma GCC unroll 8
-          for (int c = 0; c < 8; ++c) o[c] += splat(vt[j * vs + (d + c) * vd]) * s[j];
+          for (int j = 0; j < W; ++j) s[j] += splat(kt[j * ks + d * kd]) * qd;
         }
-        for (int c = 0; c < 8; ++c) ot[d + c] = o[c];
+      } else {
+        for (int64_t d = 0; d < D; ++d)
+          for (int j = 0; j < nt; ++j) s[j] += splat(kt[j * ks + d * kd]) * qc[d];
       }
-      for (; d < D; ++d) {
-        vf o = ot[d] * alpha;
-        for (int j = 0; j < W; ++j) o += splat(vt[j * vs + d * vd]) * s[j];
-        ot[d] = o;
+      vf mt = s[0];
+      for (int j = 1; j < nt; ++j) mt = vmax(mt, s[j]);
+      const vf mn = vmax(m[c], mt), alpha = vexp(m[c] - mn);
+      vf sum = {};
+      for (int j = 0; j < nt; ++j) {
+        s[j] = vexp(s[j] - mn);
+        sum += s[j];
       }
-    } else {
-      for (int64_t d = 0; d < D; ++d) {
-        vf o = ot[d] * alpha;
-        for (int j = 0; j < nt; ++j) o += splat(vt[j * vs + d * vd]) * s[j];
-        ot[d] = o;
+      l[c] = l[c] * alpha + sum;
+      m[c] = mn;
+      if (nt == W) {
+        // Eight output columns at a time: eight independent FMA chains (one chain of 16 would stall
+        // on FMA latency).
+        int64_t d = 0;
+        for (; d + 8 <= D; d += 8) {
+          vf o[8];
+          for (int e = 0; e < 8; ++e) o[e] = oc[d + e] * alpha;
+#pragma GCC unroll 16
+          for (int j = 0; j < W; ++j) {
+#pragma GCC unroll 8
+            for (int e = 0; e < 8; ++e) o[e] += splat(vt[j * vs + (d + e) * vd]) * s[j];
+          }
+          for (int e = 0; e < 8; ++e) oc[d + e] = o[e];
+        }
+        for (; d < D; ++d) {
+          vf o = oc[d] * alpha;
+          for (int j = 0; j < W; ++j) o += splat(vt[j * vs + d * vd]) * s[j];
+          oc[d] = o;
+        }
+      } else {
+        for (int64_t d = 0; d < D; ++d) {
+          vf o = oc[d] * alpha;
+          for (int j = 0; j < nt; ++j) o += splat(vt[j * vs + d * vd]) * s[j];
+          oc[d] = o;
+        }
       }
     }
   }
-  float* o = a.out + ((b * a.H + h) * a.R + r0) * D;
-  float* ls = a.lse + (b * a.H + h) * a.R + r0;
-  if (end <= start) {  // no keys: out 0, lse -inf (what merge_attention_states takes as an empty part)
-    for (int64_t x = 0; x < nr * D; ++x) o[x] = 0.f;
-    for (int64_t r = 0; r < nr; ++r) ls[r] = -INFINITY;
-    return;
+  for (int64_t c = 0; c < nc; ++c) {
+    const int64_t nr = std::min<int64_t>(W, rows - c * W);
+    float* o = a.out + ((b * a.H + h) * a.R + r0 + c * W) * D;
+    float* ls = a.lse + (b * a.H + h) * a.R + r0 + c * W;
+    if (end <= start) {  // no keys: out 0, lse -inf (what merge_attention_states takes as an empty part)
+      for (int64_t x = 0; x < nr * D; ++x) o[x] = 0.f;
+      for (int64_t r = 0; r < nr; ++r) ls[r] = -INFINITY;
+      continue;
+    }
+    const vf inv = splat(1.0f) / l[c];
+    for (int64_t d = 0; d < D; ++d) {
+      const vf x = ot[c * D + d] * inv;
+      for (int64_t r = 0; r < nr; ++r) o[r * D + d] = x[r];
+    }
+    for (int64_t r = 0; r < nr; ++r) ls[r] = m[c][r] + std::log(l[c][r]);
   }
-  const vf inv = splat(1.0f) / l;
-  for (int64_t d = 0; d < D; ++d) {
-    const vf x = ot[d] * inv;
-    for (int64_t r = 0; r < nr; ++r) o[r * D + d] = x[r];
-  }
-  for (int64_t r = 0; r < nr; ++r) ls[r] = m[r] + std::log(l[r]);
 }
 
 // Few rows (a suffix pass of one request, R = H/K): rows in lanes would leave most lanes idle, so
@@ -228,20 +243,20 @@ extern "C" int zorro_group_attention(const Job* job, int threads) {
     }
     return 0;
   }
-  const int64_t chunks = (a.R + W - 1) / W, items = a.B * a.H * chunks;
+  const int64_t chunks = (a.R + CH * W - 1) / (CH * W), items = a.B * a.H * chunks;
   const bool kt_layout = a.k_st == 1 && a.v_sd == 1;
   // OpenMP, not std::thread: this library links the libgomp torch has loaded, so it runs on torch's
   // own worker threads (fresh threads would compete with them while they spin after a torch op).
 #pragma omp parallel num_threads(threads)
   {
-    std::vector<vf> buf(2 * a.D);  // qt, ot: 2 x D x 64 B, L1-resident for D <= 128
+    std::vector<vf> buf(2 * CH * a.D);  // qt, ot: 2 x CH x D x 64 B
 #pragma omp for schedule(dynamic, 1)
     for (int64_t i = 0; i < items; ++i) {
       const int64_t c = i % chunks, bh = i / chunks;
       if (kt_layout)
-        item<true>(a, bh / a.H, bh % a.H, c * W, buf.data(), buf.data() + a.D);
+        item<true>(a, bh / a.H, bh % a.H, c * CH * W, buf.data(), buf.data() + CH * a.D);
       else
-        item<false>(a, bh / a.H, bh % a.H, c * W, buf.data(), buf.data() + a.D);
+        item<false>(a, bh / a.H, bh % a.H, c * CH * W, buf.data(), buf.data() + CH * a.D);
     }
   }
   return 0;
