@@ -13,8 +13,8 @@ gathers and two batched matmuls per pass.
 Measured on this machine (see docs/zorro.md): requests that share prefix blocks share their memory,
 so vLLM's own CPU decode kernel re-reads the prefix from L3 and the CPU cache already dedups most
 reads (7.0 ms at prefix 2048, suffix 64, G 16, 16/16 heads; 25 ms with a private prefix copy per
-request). The in-place cascade takes 4.5-4.9 ms there (1.5-1.9x; 1.0x at 32/8 heads; 0.8-0.9x for
-pairs or 512-token prefixes); the gather fallback takes 12 ms (0.6x). ZoRRo Inference stays off by
+request). The in-place cascade takes 4.0-4.5 ms there (1.6-1.8x; 1.04-1.13x at 32/8 heads; 0.8-0.95x
+for G 2-4 or 512-token prefixes); the gather fallback takes 12 ms (0.6x). ZoRRo Inference stays off by
 default on CPU; enabled, the vLLM-CPU backend in
 `arctic_rl.zorro.vllm_backend` runs this function for decode batches. The CUDA backend is
 `arctic_rl.zorro.vllm_cuda`.
