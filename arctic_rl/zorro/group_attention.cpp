@@ -65,6 +65,13 @@ inline vf vexp(vf x) {
   return p * two_n;
 }
 
+// Address of key/value t of batch row b, head h (paged through the block table, or contiguous).
+inline const float* tile(const Job& a, int64_t b, int64_t h, const float* base, int64_t sblk, int64_t sh, int64_t st,
+                         int64_t t) {
+  const int64_t blk = a.blocks ? a.blocks[b * a.bt_sb + t / a.bs] : b;
+  return base + blk * sblk + h * sh + (a.blocks ? t % a.bs : t) * st;
+}
+
 // One item: (b, h) and up to CH chunks of 16 rows (GQA folds H/K query heads per KV head into the
 // rows: 64 rows at G 16, 32/8 heads). The row's keys are streamed once, in tiles of 16, and each tile
 // serves every chunk while it is in L1 (one chunk per item re-read each KV head 4 times there).
@@ -86,17 +93,13 @@ void item(const Job& a, int64_t b, int64_t h, int64_t r0, vf* qt, vf* ot) {
     }
   }
   const int64_t ks = KT ? 1 : a.k_st, kd = a.k_sd, vs = a.v_st, vd = KT ? 1 : a.v_sd;
-  auto tile = [&](const float* base, int64_t sblk, int64_t sh, int64_t st, int64_t t) {
-    const int64_t blk = a.blocks ? a.blocks[b * a.bt_sb + t / a.bs] : b;
-    return base + blk * sblk + h * sh + (a.blocks ? t % a.bs : t) * st;
-  };
   vf m[CH], l[CH];
   for (int c = 0; c < CH; ++c) m[c] = splat(-INFINITY), l[c] = vf{};
   const int64_t start = a.starts[b], end = a.ends[b];
   for (int64_t t0 = start; t0 < end; t0 += W) {
     const int nt = (int)std::min<int64_t>(W, end - t0);
-    const float* kt = tile(a.k, a.k_sblk, a.k_sh, ks, t0);
-    const float* vt = tile(a.v, a.v_sblk, a.v_sh, vs, t0);
+    const float* kt = tile(a, b, h, a.k, a.k_sblk, a.k_sh, ks, t0);
+    const float* vt = tile(a, b, h, a.v, a.v_sblk, a.v_sh, vs, t0);
     for (int64_t c = 0; c < nc; ++c) {
       const vf* qc = qt + c * D;
       vf* oc = ot + c * D;
@@ -173,10 +176,6 @@ void item(const Job& a, int64_t b, int64_t h, int64_t r0, vf* qt, vf* ot) {
 // blocks: 16 keys of one dim are one vector load), values contiguous along d, and D % 16 == 0.
 void item_keys_in_lanes(const Job& a, int64_t b, int64_t h, float* qs) {
   const int64_t D = a.D, nv = D / W, start = a.starts[b], end = a.ends[b];
-  auto tile = [&](const float* base, int64_t sblk, int64_t sh, int64_t st, int64_t t) {
-    const int64_t blk = a.blocks ? a.blocks[b * a.bt_sb + t / a.bs] : b;
-    return base + blk * sblk + h * sh + (a.blocks ? t % a.bs : t) * st;
-  };
   for (int64_t r = 0; r < a.R; ++r) {
     const float* q = a.q + b * a.q_sb + h * a.q_sh + r * a.q_sr;
     for (int64_t d = 0; d < D; ++d) qs[d] = q[d] * a.scale;
@@ -184,8 +183,8 @@ void item_keys_in_lanes(const Job& a, int64_t b, int64_t h, float* qs) {
     float m = -INFINITY, l = 0.f;
     for (int64_t t0 = start; t0 < end; t0 += W) {
       const int nt = (int)std::min<int64_t>(W, end - t0);
-      const float* kt = tile(a.k, a.k_sblk, a.k_sh, a.k_st, t0);  // (j, d) at kt[j + d * k_sd]
-      const float* vt = tile(a.v, a.v_sblk, a.v_sh, a.v_st, t0);  // (j, d) at vt[j * v_st + d]
+      const float* kt = tile(a, b, h, a.k, a.k_sblk, a.k_sh, a.k_st, t0);  // (j, d) at kt[j + d * k_sd]
+      const float* vt = tile(a, b, h, a.v, a.v_sblk, a.v_sh, a.v_st, t0);  // (j, d) at vt[j * v_st + d]
       vf s4[4] = {vf{}, vf{}, vf{}, vf{}};  // four chains over d (FMA latency)
       for (int64_t d = 0; d < D; d += 4)
         for (int c = 0; c < 4; ++c) {
