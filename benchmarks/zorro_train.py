@@ -16,6 +16,8 @@ before it), measured in a fresh subprocess per variant.
 
     python benchmarks/zorro_train.py                 # W1 on both models (a few minutes on 2 cores)
     python benchmarks/zorro_train.py --quick         # small sizes, for development
+    python benchmarks/zorro_train.py --device cuda   # bf16 on a GPU, Llama-3.2-1B's shape added; peak
+                                                     # memory is torch's CUDA allocator high-water mark
 """
 from __future__ import annotations
 
@@ -43,22 +45,36 @@ MODELS = {
     # wider: linear layers dominate attention
     "wide": dict(hidden_size=512, num_hidden_layers=2, num_attention_heads=8, num_key_value_heads=2,
                  intermediate_size=2048, vocab_size=4096),
+    # Llama-3.2-1B's shape (random weights), for GPUs
+    "llama-1b": dict(hidden_size=2048, num_hidden_layers=16, num_attention_heads=32, num_key_value_heads=8,
+                     intermediate_size=8192, vocab_size=128256),
 }
-VARIANTS = ("naive", "split", "concat")
 
 
-def build(model_name: str, P: int, R: int, G: int, seed: int = 0):
+def variants(device: str) -> tuple[str, ...]:
+    if device == "cpu":
+        return ("naive", "split", "concat")
+    try:
+        import flash_attn  # noqa: F401
+        return ("naive", "concat", "torch_varlen", "flash_varlen")
+    except ImportError:
+        return ("naive", "concat", "torch_varlen")
+
+
+def build(model_name: str, P: int, R: int, G: int, seed: int = 0, device: str = "cpu",
+          dtype: torch.dtype = torch.float32):
     torch.manual_seed(seed)
     cfg = LlamaConfig(**MODELS[model_name], max_position_embeddings=P + R + 8)
     cfg._attn_implementation = "sdpa"
-    model = LlamaForCausalLM(cfg).train()
+    with torch.device(device):   # initialised where it runs: a 1B model's init on the CPU takes long
+        model = LlamaForCausalLM(cfg).to(dtype).train()
     prompt = torch.randint(1, cfg.vocab_size, (P,))
     resp = torch.randint(1, cfg.vocab_size, (G, R))
     ids = torch.cat([prompt.expand(G, P), resp], 1)
     batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "responses": resp,
              "response_mask": torch.ones_like(resp), "uid": ["p0"] * G,
              "advantages": torch.randn(G), "old_log_probs": -torch.rand(G, R)}
-    return model, batch
+    return model, {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
 
 
 def verl_log_probs(model, batch) -> dict:
@@ -144,9 +160,15 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     ap.add_argument("--no-memory", action="store_true")
     ap.add_argument("--out", type=Path, default=Path("outputs/bench_zorro_train"), help="where the plot goes")
+    ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     ap.add_argument("--memory-worker", nargs=2, metavar=("MODEL", "VARIANT"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     P, R, G = args.prompt, args.response, args.group
+    cuda = args.device == "cuda"
+    dtype = torch.bfloat16 if cuda else torch.float32
+    VARIANTS = variants(args.device)
+    if cuda and args.models == "small,wide":
+        args.models = "small,wide,llama-1b"
     if args.memory_worker:
         memory_worker(*args.memory_worker, P, R, G)
         return
@@ -155,32 +177,47 @@ def main() -> None:
     if args.quick:
         P, R, G, args.reps = 256, 32, 8, 2
     load = os.getloadavg()[0]
-    print(f"ZoRRo Train benchmark (load average {load:.1f} on {os.cpu_count()} cores): prompt {P}, response {R}, G {G}, fp32, {torch.get_num_threads()} threads, "
+    where = (torch.cuda.get_device_name() if cuda else
+             f"load average {load:.1f} on {os.cpu_count()} cores, {torch.get_num_threads()} threads")
+    print(f"ZoRRo Train benchmark ({where}): prompt {P}, response {R}, G {G}, {str(dtype)[6:]}, "
           f"torch {torch.__version__}")
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
     summary = []
     panels: dict[str, list[tuple[str, float, float]]] = {}
     for name in args.models.split(","):
-        model, batch = build(name, P, R, G)
+        model, batch = build(name, P, R, G, device=args.device, dtype=dtype)
         fl = flops(name, P, R, G)
         # exactness on this very batch, before timing
-        ref = verl_log_probs(model, batch)
         with torch.no_grad():
+            ref = verl_log_probs(model, batch)
             z = zorro_log_probs(model, batch, pp_config={"compute_entropy": True})
-        err = max((ref[k].detach() - z[k]).abs().max().item() for k in ("log_probs", "entropy"))
+        err = max((ref[k] - z[k]).abs().max().item() for k in ("log_probs", "entropy"))
+        del ref, z
         times = {v: [] for v in VARIANTS}
         cpu = {v: [] for v in VARIANTS}
         for v in VARIANTS:   # warm-up
             step(model, batch, v)
         for _ in tqdm(range(args.reps), desc=f"{name}: timing", leave=False):
             for v in VARIANTS:   # interleaved so that load from other processes hits all alike
+                sync()
                 t0, c0 = time.perf_counter(), time.process_time()
                 step(model, batch, v)
+                sync()
                 times[v].append(time.perf_counter() - t0)
                 cpu[v].append(time.process_time() - c0)
         best = {v: min(ts) for v, ts in times.items()}
         best_cpu = {v: min(ts) for v, ts in cpu.items()}
         mem = {}
-        if not args.no_memory:
+        if not args.no_memory and cuda:
+            for v in VARIANTS:   # the allocator's high-water mark above what is held before the step
+                model.zero_grad(set_to_none=True)
+                gc.collect()
+                torch.cuda.empty_cache()
+                torch.cuda.reset_peak_memory_stats()
+                base = torch.cuda.memory_allocated()
+                step(model, batch, v)
+                mem[v] = torch.cuda.max_memory_allocated() - base
+        elif not args.no_memory:
             for v in tqdm(VARIANTS, desc=f"{name}: memory", leave=False):
                 mem[v] = peak_memory(name, v, P, R, G)
         c = MODELS[name]
@@ -200,15 +237,16 @@ def main() -> None:
                   f"{mem_s} {ratio}")
         panels[f"{name}: hidden {c['hidden_size']}, MLP {c['intermediate_size']}"] = [
             (v, best["naive"] / best[v], fl["limit"]) for v in VARIANTS if v != "naive"]
-        pick = min(("split", "concat"), key=lambda v: best[v])
+        pick = min(VARIANTS[1:], key=lambda v: best[v])
         sp = best["naive"] / best[pick]
         summary.append(f"{name}: {sp:.2f}x ({100 * sp / fl['limit']:.0f}% of {fl['limit']:.2f}x limit)"
                        + (f", memory {mem[pick] / mem['naive']:.2f}x" if mem else "") + f" [{pick}]")
         del model, batch
         gc.collect()
     from plots import speedup_png
-    png = speedup_png(args.out / "zorro_train.png", panels,
-                      f"ZoRRo Train vs naive forward+backward (prompt {P}, response {R}, G {G}, fp32 CPU)")
+    png = speedup_png(args.out / ("zorro_train_cuda.png" if cuda else "zorro_train.png"), panels,
+                      f"ZoRRo Train vs naive forward+backward (prompt {P}, response {R}, G {G}, "
+                      + ("bf16 " + torch.cuda.get_device_name() if cuda else "fp32 CPU") + ")")
     print("\nsummary: " + "; ".join(summary) + f"; plot {png}")
 
 

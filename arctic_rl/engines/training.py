@@ -115,12 +115,11 @@ class TrainingWorker:
             self.module = self.engine.module
             return
         oc = tc.optimizer
-        if accelerator() == "cuda":
-            from deepspeed.ops.adam import FusedAdam
-            opt = FusedAdam(model.parameters(), lr=oc.lr, betas=oc.betas, eps=oc.eps, weight_decay=oc.weight_decay)
-        else:
-            # torch's AdamW: DeepSpeed's CPU Adam would compile a C++ op (~60 s) on a fresh machine.
-            opt = torch.optim.AdamW(model.parameters(), lr=oc.lr, betas=oc.betas, eps=oc.eps, weight_decay=oc.weight_decay)
+        # torch's AdamW, fused into one multi-tensor kernel on CUDA. DeepSpeed's FusedAdam / CPU Adam
+        # would JIT-compile an op on every fresh node (nvcc or g++, about a minute) and fail where the
+        # node's nvcc does not match torch's CUDA.
+        opt = torch.optim.AdamW(model.parameters(), lr=oc.lr, betas=oc.betas, eps=oc.eps, weight_decay=oc.weight_decay,
+                                fused=accelerator() == "cuda")
         sched = torch.optim.lr_scheduler.LambdaLR(opt, _lr_lambda(tc.lr_scheduler))
         self.engine, self.optimizer, _, self.scheduler = deepspeed.initialize(
             model=model, optimizer=opt, lr_scheduler=sched, config=ds_config)

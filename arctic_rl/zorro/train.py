@@ -24,9 +24,12 @@ Attention backends (`attention=`):
   "concat" (any device) each response's queries against [prompt keys; own keys] in one SDPA call
            with an additive float mask, batched per group; autograd does the rest. Copies the prompt
            KV once per response.
-  "flash_varlen" (CUDA default when flash-attn is installed) the concat form as two
+  "flash_varlen" (CUDA default for bf16/fp16 when flash-attn is installed) the concat form as two
            `flash_attn_varlen_func` calls (prompts causal; responses against gathered
-           [prompt; own] keys, bottom-right causal). Not exercised in CI (no GPU there).
+           [prompt; own] keys, bottom-right causal).
+  "torch_varlen" (CUDA default for bf16/fp16 without flash-attn) the same two calls through the
+           FlashAttention-2 kernel that CUDA builds of torch carry (`aten._flash_attention_forward`,
+           which has a backward). fp32 on CUDA takes "concat" (FlashAttention has no fp32 kernel).
 
 Legend: B rows, P prompt columns, R response columns, N packed tokens, M predicted response
 tokens, H query heads, K kv heads, D head dim, G responses in a group.
@@ -44,7 +47,7 @@ from arctic_rl.engines.forward import DEFAULT_CHUNK_TOKENS, decoder_and_head, he
 from arctic_rl.zorro.merge import merge_attention_states
 
 ATTN_IMPLEMENTATION = "arctic_zorro"
-ATTENTION_BACKENDS = ("auto", "split", "concat", "flash_varlen")
+ATTENTION_BACKENDS = ("auto", "split", "concat", "flash_varlen", "torch_varlen")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -350,6 +353,13 @@ def _flash_varlen_fn():
     return flash_attn_varlen_func
 
 
+def _torch_flash_varlen(q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale=None, causal=False):
+    """flash_attn_varlen_func's forward (GQA native, causal aligned bottom-right) through torch's own
+    FlashAttention-2 kernel; differentiable. CUDA builds of torch only, bf16/fp16."""
+    return torch.ops.aten._flash_attention_forward(q, k, v, cu_q, cu_k, max_q, max_k, 0.0, causal, False,
+                                                   scale=softmax_scale)[0]
+
+
 def _flash_varlen_attention(q, k, v, plan: ZorroPlan, scale: float, varlen_fn=None) -> torch.Tensor:
     varlen_fn = varlen_fn or _flash_varlen_fn()
     ix = _varlen_indices(plan, q.device)
@@ -385,7 +395,9 @@ def varlen_reference(q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale=None, caus
 # ----------------------------------------------------------------------------------------------
 # The function registered in transformers' AttentionInterface.
 
-_BACKEND_FNS = {"split": _split_attention, "concat": _concat_attention, "flash_varlen": _flash_varlen_attention}
+_BACKEND_FNS = {"split": _split_attention, "concat": _concat_attention, "flash_varlen": _flash_varlen_attention,
+                "torch_varlen": lambda q, k, v, plan, scale: _flash_varlen_attention(q, k, v, plan, scale,
+                                                                                   _torch_flash_varlen)}
 
 
 def zorro_attention_forward(module, query, key, value, attention_mask, dropout: float = 0.0,
@@ -439,19 +451,19 @@ def zorro_attention_enabled(model):
             c._attn_implementation_internal = impl
 
 
-def pick_backend(device: torch.device, attention: str = "auto") -> str:
+def pick_backend(device: torch.device, attention: str = "auto", dtype: torch.dtype = torch.float32) -> str:
     if attention not in ATTENTION_BACKENDS:
         raise ValueError(f"attention={attention!r}; expected one of {ATTENTION_BACKENDS}")
     if attention != "auto":
         return attention
     if device.type == "cpu":
         return "split"
-    if device.type == "cuda":
+    if device.type == "cuda" and dtype in (torch.bfloat16, torch.float16):
         try:
             _flash_varlen_fn()
             return "flash_varlen"
         except ImportError:
-            pass
+            return "torch_varlen"
     return "concat"
 
 
@@ -466,7 +478,8 @@ def zorro_log_probs(model, batch: Batch, *, post_processor: str = "log_probs", p
     pp_config = pp_config or {}
     body, head = decoder_and_head(model)
     device = batch["input_ids"].device
-    plan = build_plan(batch, device=device, backend=pick_backend(device, attention))
+    dtype = next(model.parameters()).dtype
+    plan = build_plan(batch, device=device, backend=pick_backend(device, attention, dtype))
     with zorro_attention_enabled(model):
         hidden_1NH = body(input_ids=plan.input_ids, position_ids=plan.position_ids, attention_mask=None,
                           use_cache=False, zorro_plan=plan).last_hidden_state
