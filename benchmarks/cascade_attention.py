@@ -138,37 +138,66 @@ def vllm_level(G, Sp, Ss, H, K, D, reps):
     return best_ms(fns, reps), err
 
 
-def cuda_op_level(groups, G, Sp, Ss, H, K, D, reps, dtype=torch.bfloat16):
-    """Standard vs cascade decode on torch's FlashAttention-2 varlen kernel, `groups` groups of G."""
-    from arctic_rl.zorro.merge import merge_attention_states
+CUDA_BLOCK = 16
+
+
+def offset_attend(scale: float):
+    """flash_attn_varlen_func's paged signature (return_softmax_lse=True) over torch's FlashAttention-2
+    kernel, for caches in which each sequence's blocks are consecutive: sequence i starts at block
+    block_table[i, 0] (varlen start offsets + seqused_k, so nothing is gathered)."""
     fa = torch.ops.aten._flash_attention_forward
-    Q, dev = groups * G, torch.device("cuda")
+
+    def attend(q, k, v, cu_seqlens_q, max_seqlen_q, seqused_k, max_seqlen_k, block_table, causal):
+        start = block_table[:, 0] * k.shape[1]
+        cu_k = torch.cat([start, start[-1:] + seqused_k[-1:]]).to(torch.int32)
+        return fa(q, k.flatten(0, 1), v.flatten(0, 1), cu_seqlens_q, cu_k, max_seqlen_q, max_seqlen_k, 0.0, causal,
+                  False, scale=scale, seqused_k=seqused_k)[:2]
+    return attend
+
+
+def cuda_variants(H, K) -> dict[str, dict]:
+    r = H // K
+    out = {"plain": {}, "split 512": {"split_tokens": 512}}
+    if r > 1:
+        out |= {"packed": {"heads_per_kv": r}}
+    out |= {f"packed, split {n}": {"heads_per_kv": r, "split_tokens": n} for n in (256, 512, 1024)}
+    return out
+
+
+def cuda_op_level(groups, G, Sp, Ss, H, K, D, reps, variants=None, dtype=torch.bfloat16):
+    """Standard vs cascade decode (arctic_rl.zorro.vllm_cuda's plan and step) on torch's FlashAttention-2
+    varlen kernel, `groups` groups of G. Standard reads a private copy of the prefix per request."""
+    from arctic_rl.zorro.vllm_cuda import SPLIT_TOKENS, cascade_decode_varlen, plan_cascade
+    variants = variants or {"cascade": {"heads_per_kv": H // K, "split_tokens": SPLIT_TOKENS}}
+    bs, Q, dev = CUDA_BLOCK, groups * G, torch.device("cuda")
     g = torch.Generator(device=dev).manual_seed(0)
     rnd = lambda *shape: torch.randn(*shape, device=dev, dtype=dtype, generator=g)  # noqa: E731
     q = rnd(Q, H, D)
-    kp, vp, ks, vs = rnd(groups, Sp, K, D), rnd(groups, Sp, K, D), rnd(Q, Ss, K, D), rnd(Q, Ss, K, D)
+    npb, nsb, nfb = Sp // bs, Ss // bs, (Sp + Ss) // bs
+    kp, vp, ks, vs = rnd(groups, npb, bs, K, D), rnd(groups, npb, bs, K, D), rnd(Q, nsb, bs, K, D), rnd(Q, nsb, bs, K, D)
     member = torch.arange(Q, device=dev) // G
-    k_full = torch.cat([kp[member], ks], 1).flatten(0, 1)      # [Q * (Sp + Ss), K, D], a copy per request
-    v_full = torch.cat([vp[member], vs], 1).flatten(0, 1)
-    kp, vp, ks, vs = kp.flatten(0, 1), vp.flatten(0, 1), ks.flatten(0, 1), vs.flatten(0, 1)
+    k_std = torch.cat([kp[member], ks], 1).flatten(0, 1)           # [Q * nfb, bs, K, D]
+    v_std = torch.cat([vp[member], vs], 1).flatten(0, 1)
+    t_std = torch.arange(Q * nfb, device=dev, dtype=torch.int32).view(Q, nfb)
+    k_c, v_c = torch.cat([kp.flatten(0, 1), ks.flatten(0, 1)]), torch.cat([vp.flatten(0, 1), vs.flatten(0, 1)])
+    t_c = torch.cat([(member * npb).unsqueeze(1) + torch.arange(npb, device=dev),
+                     (groups * npb + torch.arange(Q, device=dev) * nsb).unsqueeze(1) + torch.arange(nsb, device=dev)],
+                    1).to(torch.int32)
+    lens = [Sp + Ss] * Q
+    groups_ = [PrefixGroup(tuple(range(i * G, (i + 1) * G)), Sp) for i in range(groups)]
+    attend = offset_attend(D ** -0.5)
     i32 = dict(dtype=torch.int32, device=dev)
-    cu_one, cu_full = torch.arange(Q + 1, **i32), torch.arange(Q + 1, **i32) * (Sp + Ss)
-    cu_grp, cu_pre, cu_suf = torch.arange(groups + 1, **i32) * G, torch.arange(groups + 1, **i32) * Sp, \
-        torch.arange(Q + 1, **i32) * Ss
-    scale = D ** -0.5
+    cu_one, used = torch.arange(Q + 1, **i32), torch.full((Q,), Sp + Ss, **i32)
 
-    def standard():
-        return fa(q, k_full, v_full, cu_one, cu_full, 1, Sp + Ss, 0.0, False, False, scale=scale)[0]
-
-    def cascade():
-        o_p, l_p = fa(q, kp, vp, cu_grp, cu_pre, G, Sp, 0.0, False, False, scale=scale)[:2]
-        o_s, l_s = fa(q, ks, vs, cu_one, cu_suf, 1, Ss, 0.0, False, False, scale=scale)[:2]
-        return merge_attention_states(o_p, l_p.transpose(0, 1), o_s, l_s.transpose(0, 1))[0].to(dtype)
-
-    err = (standard().float() - cascade().float()).abs().max().item()
+    fns = {"standard": lambda: attend(q, k_std, v_std, cu_one, 1, used, Sp + Ss, t_std, True)[0]}
+    for name, opts in variants.items():
+        plan = plan_cascade(t_c, lens, groups_, bs, **opts)
+        fns[name] = lambda plan=plan: cascade_decode_varlen(q, k_c, v_c, plan, attend)
+    ref = fns["standard"]().float()
+    err = max((f().float() - ref).abs().max().item() for f in fns.values())
     # 20 back-to-back calls per timing, so launch gaps do not hide the kernel time; min over reps
     out = {}
-    for name, f in (("standard", standard), ("cascade", cascade)):
+    for name, f in fns.items():
         f()
         torch.cuda.synchronize()
         best = float("inf")
@@ -183,24 +212,29 @@ def cuda_op_level(groups, G, Sp, Ss, H, K, D, reps, dtype=torch.bfloat16):
         out[name] = best
     kv_bytes = 2 * K * D * torch.tensor([], dtype=dtype).element_size()
     out["std_TBps"] = Q * (Sp + Ss) * kv_bytes / (out["standard"] * 1e-3) / 1e12
-    out["casc_TBps"] = (groups * Sp + Q * Ss) * kv_bytes / (out["cascade"] * 1e-3) / 1e12
+    out["casc_TBps"] = {n: (groups * Sp + Q * Ss) * kv_bytes / (out[n] * 1e-3) / 1e12 for n in variants}
     return out, err
 
 
 def cuda_main(args) -> None:
+    from arctic_rl.zorro.vllm_cuda import SPLIT_TOKENS
     Sp, Ss, G, D, reps = args.prefix, args.suffix, args.group, args.head_dim, args.reps
     requests = args.groups * G
     print(f"Cascade decode attention on {torch.cuda.get_device_name()} (torch {torch.__version__}, bf16, "
-          f"FlashAttention-2 varlen, head dim {D}, {requests} requests per step)")
-    print(f"main point: prefix {Sp}, suffix {Ss}, G {G}; KV-read limit {limit(G, Sp, Ss):.2f}x")
+          f"FlashAttention-2 varlen, head dim {D}, block {CUDA_BLOCK}, {requests} requests per step)")
+    print(f"main point: prefix {Sp}, suffix {Ss}, G {G}; KV-read limit {limit(G, Sp, Ss):.2f}x; "
+          f"cascade variants of arctic_rl.zorro.vllm_cuda (default: packed, split {SPLIT_TOKENS})")
     print(HEADER + "  std TB/s  casc TB/s")
     summary = {}
     for H, K in ((32, 8), (16, 16)):
-        t, err = cuda_op_level(args.groups, G, Sp, Ss, H, K, D, reps)
-        print(row(f"op  heads {H}/{K}", G, Sp, Ss, t, err) + f"  {t['std_TBps']:8.2f}  {t['casc_TBps']:9.2f}")
-        summary[(H, K)] = t["standard"] / t["cascade"]
+        variants = cuda_variants(H, K)
+        t, err = cuda_op_level(args.groups, G, Sp, Ss, H, K, D, reps, variants)
+        for name in variants:
+            print(row(f"heads {H}/{K}  {name}", G, Sp, Ss, {"standard": t["standard"], "cascade": t[name]}, err)
+                  + f"  {t['std_TBps']:8.2f}  {t['casc_TBps'][name]:9.2f}")
+        summary[(H, K)] = t["standard"] / t[f"packed, split {SPLIT_TOKENS}"]
     ratios = {}
-    print(f"sweep (heads 32/8, {requests} requests per step):")
+    print(f"sweep (heads 32/8, {requests} requests per step, default variant):")
     print(HEADER)
     points = [(g, Sp) for g in (2, 4, 8, 16, 32)] + [(G, p) for p in (512, 1024, 4096, 8192)]
     for g, p in tqdm(points, desc="sweep", leave=False):

@@ -161,6 +161,7 @@ def main() -> None:
     ap.add_argument("--no-memory", action="store_true")
     ap.add_argument("--out", type=Path, default=Path("outputs/bench_zorro_train"), help="where the plot goes")
     ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    ap.add_argument("--profile", action="store_true", help="CUDA: the top kernels of one step per variant")
     ap.add_argument("--memory-worker", nargs=2, metavar=("MODEL", "VARIANT"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     P, R, G = args.prompt, args.response, args.group
@@ -206,6 +207,14 @@ def main() -> None:
                 times[v].append(time.perf_counter() - t0)
                 cpu[v].append(time.process_time() - c0)
         best = {v: min(ts) for v, ts in times.items()}
+        if args.profile and cuda:
+            from torch.profiler import ProfilerActivity, profile
+            for v in VARIANTS:
+                with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+                    step(model, batch, v)
+                    sync()
+                print(f"\n{name} / {v}: top CUDA ops of one step")
+                print(prof.key_averages().table(sort_by="self_device_time_total", row_limit=14, max_name_column_width=60))
         best_cpu = {v: min(ts) for v, ts in cpu.items()}
         mem = {}
         if not args.no_memory and cuda:

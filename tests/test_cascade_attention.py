@@ -317,13 +317,15 @@ def test_cuda_backend_step_equals_standard(spec, heads):
     given = [g for g in groups if len(g.rows) > 1 and all(lens[r] > g.prefix_len for r in g.rows)]
     if spec in ("mixed", "many"):
         assert found
-    for gs in (found, given):
-        plan = plan_cascade(table, lens, gs, bs)
-        if plan is None:
-            assert not gs
-            continue
-        out = cascade_decode_varlen(q, kc, vc, plan, torch_varlen_attention)
-        torch.testing.assert_close(out, ref, atol=2e-6, rtol=0)
+    # plain; query heads packed per KV head; packed and the prefix split every block (ragged splits)
+    for opts in ({}, {"heads_per_kv": H // K}, {"heads_per_kv": H // K, "split_tokens": bs}):
+        for gs in (found, given):
+            plan = plan_cascade(table, lens, gs, bs, **opts)
+            if plan is None:
+                assert not gs
+                continue
+            out = cascade_decode_varlen(q, kc, vc, plan, torch_varlen_attention)
+            torch.testing.assert_close(out, ref, atol=2e-6, rtol=0, msg=lambda m: f"{opts}: {m}")
 
 
 def test_cuda_plan_rejects_bad_groups():
@@ -335,6 +337,8 @@ def test_cuda_plan_rejects_bad_groups():
     with pytest.raises(ValueError, match="multiple of the block size"):
         plan_cascade(table, [n + 1 for n in lens], [PrefixGroup((0, 1), 3)], kc.shape[1])
     assert plan_cascade(table, lens, [], kc.shape[1]) is None
+    with pytest.raises(ValueError, match="heads_per_kv"):
+        plan_cascade(table, lens, [], kc.shape[1], heads_per_kv=0)
 
 
 _VLLM_E2E = r"""

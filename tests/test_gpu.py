@@ -128,13 +128,18 @@ def test_cascade_step_on_cuda_flash():
     q = torch.randn(len(suffix), H, D, device="cuda", dtype=torch.bfloat16)
     groups = find_groups(table.cpu(), lens, bs, min_prefix_len=bs)
     assert [g.rows for g in groups] == [tuple(range(6))] and groups[0].prefix_len == prefix_blocks * bs
-    out = cascade_decode_varlen(q, kc, vc, plan_cascade(table, lens, groups, bs), _torch_flash_attend(D ** -0.5))
+    refs = []
     for i, n in enumerate(lens):
         r = table[i, :-(-n // bs)].long()
         k = kc[r].flatten(0, 1)[:n].double().transpose(0, 1).unsqueeze(0)
         v = vc[r].flatten(0, 1)[:n].double().transpose(0, 1).unsqueeze(0)
-        ref, _ = attention_with_lse(q[i].double().view(1, H, 1, D), k, v, scale=D ** -0.5)
-        assert (out[i].double() - ref[0, :, 0]).abs().max().item() < 2e-2, i
+        refs.append(attention_with_lse(q[i].double().view(1, H, 1, D), k, v, scale=D ** -0.5)[0][0, :, 0])
+    # plain; 4 query heads packed per KV head; packed with the prefix in 4 splits
+    for opts in ({}, {"heads_per_kv": H // K}, {"heads_per_kv": H // K, "split_tokens": 2 * bs}):
+        out = cascade_decode_varlen(q, kc, vc, plan_cascade(table, lens, groups, bs, **opts),
+                                    _torch_flash_attend(D ** -0.5))
+        for i, ref in enumerate(refs):
+            assert (out[i].double() - ref).abs().max().item() < 2e-2, (opts, i)
 
 
 def _free_port() -> int:

@@ -39,6 +39,28 @@ def merge_attention_states(out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torc
     return out, torch.logaddexp(lse_a, lse_b)
 
 
+def merge_attention_rows(out: torch.Tensor, lse: torch.Tensor, index: torch.Tensor,
+                         num_rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """merge_attention_states over any number of parts: part t (out [T, ..., D], lse [T, ...]) is
+    attention of query row index[t] over its own disjoint key set (a split of a long key range, as
+    in split-KV decoding). Returns (out [num_rows, ..., D] in float32 or wider, lse [num_rows, ...]);
+    a row with no part, or only empty ones, gets out 0 and lse -inf."""
+    if lse.shape != out.shape[:-1] or index.shape != lse.shape[:1]:
+        raise ValueError(f"merge_attention_rows: need out [T, ..., D], lse [T, ...], index [T]; got out "
+                         f"{list(out.shape)}, lse {list(lse.shape)}, index {list(index.shape)}")
+    acc = torch.promote_types(lse.dtype, torch.float32)
+    lse = lse.to(acc)
+    shape = (num_rows, *lse.shape[1:])
+    idx = index.view(-1, *([1] * (lse.dim() - 1))).expand_as(lse)
+    top = lse.new_full(shape, float("-inf")).scatter_reduce(0, idx, lse, "amax")
+    top = torch.where(torch.isneginf(top), 0.0, top)           # empty rows: weights below are 0
+    w = torch.exp(lse - top.index_select(0, index))
+    den = lse.new_zeros(shape).index_add_(0, index, w)
+    num = out.new_zeros(*shape, out.shape[-1], dtype=acc).index_add_(0, index, w.unsqueeze(-1) * out.to(acc))
+    merged = torch.where(den.unsqueeze(-1) > 0, num / den.clamp(min=torch.finfo(acc).tiny).unsqueeze(-1), 0.0)
+    return merged, top + torch.log(den)
+
+
 def attention_with_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float | None = None,
                        causal: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """Reference softmax attention returning (out [B, H, L, D], lse [B, H, L]); GQA by head repeat.

@@ -5,13 +5,21 @@ prompt's n samples share their prompt's KV blocks (prefix caching), and on a GPU
 memory-bound, so reading those blocks once per group instead of once per request is the win.
 
 A pure-decode step (every request has one query token) with at least one group runs two paged
-`flash_attn_varlen_func` calls, both with `return_softmax_lse=True`, then the LSE merge:
+`flash_attn_varlen_func` calls, both with `return_softmax_lse=True`, then the LSE merges:
 
-    prefix pass  each group's G queries as one varlen "sequence" of G query tokens, non-causal,
-                 over the group's shared prefix blocks (the first member's block-table row)
+    prefix pass  each group's G queries, with the r = H/K query heads that share a KV head packed
+                 as rows (G*r query rows over K heads: a KV tile is read once for all of them), as
+                 one non-causal varlen "sequence" per split of the group's shared prefix blocks (the
+                 first member's block-table row, shifted to the split)
     suffix pass  every request's query over its own blocks after its prefix (its whole sequence
                  if it is in no group): a block table with each row shifted past its prefix
-    merge        merge_attention_states (arctic_rl.zorro.merge), written back in request order
+    merge        the splits by merge_attention_rows, then prefix with suffix by
+                 merge_attention_states (arctic_rl.zorro.merge), written back in request order
+
+Why pack and split: without them a group's prefix pass is one thread block per query head, each
+walking the whole prefix, so a step has few, long blocks and is latency-bound. Measured on an H200
+with torch's FlashAttention-2 (benchmarks/cascade_attention.py --device cuda), packing and 512-token
+splits are what move the cascade from 1.4x to its bandwidth-bound ratio; docs/zorro.md has the table.
 
 Every other step (prefill, mixed batches, or no group) is vLLM's FlashAttentionImpl unchanged,
 and so is the KV write (`do_kv_cache_update`). Groups are found once per step from the block
@@ -35,18 +43,22 @@ from typing import Callable, Sequence
 import torch
 
 from arctic_rl.zorro.cascade import PrefixGroup, groups_from_block_table
-from arctic_rl.zorro.merge import merge_attention_states
+from arctic_rl.zorro.merge import merge_attention_rows, merge_attention_states
 
 CLASS_PATH = "arctic_rl.zorro.vllm_cuda.ZorroFlashAttentionBackend"
+SPLIT_TOKENS = 512   # prefix split of the prefix pass (see the module docstring)
 
 
 @dataclass(frozen=True)
 class CascadePlan:
     order: torch.Tensor          # [M] long: the grouped requests, each group's members adjacent
-    cu_q: torch.Tensor           # [num_groups + 1] int32: group boundaries in `order`
-    max_group: int
-    prefix_lens: torch.Tensor    # [num_groups] int32, tokens (block-aligned)
-    prefix_tables: torch.Tensor  # [num_groups, max_blocks] int32: the first member's row
+    heads_per_kv: int            # r: query heads per KV head, packed as prefix-pass rows
+    split_rows: torch.Tensor     # [T] long: the packed row (member * r + head in its KV group) of
+                                 # each prefix-pass query row; a group's rows repeat once per split
+    cu_q: torch.Tensor           # [num_splits + 1] int32: prefix-pass sequences (one per group split)
+    max_rows: int
+    prefix_lens: torch.Tensor    # [num_splits] int32: keys of each split (block-aligned)
+    prefix_tables: torch.Tensor  # [num_splits, max_blocks] int32: the first member's row, from the split
     max_prefix: int
     cu_suffix: torch.Tensor      # [Q + 1] int32: 0..Q (one query token per request)
     suffix_lens: torch.Tensor    # [Q] int32: seq_len - prefix_len (the whole length if in no group)
@@ -62,38 +74,55 @@ def find_groups(block_table: torch.Tensor, seq_lens: Sequence[int], block_size: 
 
 
 def plan_cascade(block_table: torch.Tensor, seq_lens: Sequence[int], groups: Sequence[PrefixGroup],
-                 block_size: int) -> CascadePlan | None:
-    """The index tensors of one cascade step (on block_table's device); None if there is no group."""
+                 block_size: int, *, heads_per_kv: int = 1, split_tokens: int = 0) -> CascadePlan | None:
+    """The index tensors of one cascade step (on block_table's device); None if there is no group.
+    heads_per_kv: query heads per KV head (packed as rows); split_tokens: prefix split length,
+    rounded down to whole blocks (0: one split per group)."""
     lens = [int(n) for n in seq_lens]
     Q, max_blocks = block_table.shape[0], block_table.shape[1]
+    if heads_per_kv < 1 or split_tokens < 0:
+        raise ValueError(f"plan_cascade: heads_per_kv must be >= 1 and split_tokens >= 0, got {heads_per_kv} "
+                         f"and {split_tokens}")
+    r = heads_per_kv
+    split_blocks = max(1, split_tokens // block_size) if split_tokens else max_blocks
     shift = [0] * Q
     order: list[int] = []
-    cu, plens, heads = [0], [], []
+    rows: list[torch.Tensor] = []
+    cu, plens, heads, starts = [0], [], [], []
     for g in groups:
         P = g.prefix_len
-        if P <= 0 or P % block_size or any(lens[r] <= P for r in g.rows) or any(shift[r] for r in g.rows):
+        if P <= 0 or P % block_size or any(lens[r_] <= P for r_ in g.rows) or any(shift[r_] for r_ in g.rows):
             raise ValueError(f"bad cascade group {g}: prefix_len must be a positive multiple of the block size "
                              f"{block_size}, < every member's seq_len, and groups must not overlap")
+        first = len(order)
         order += g.rows
-        cu.append(len(order))
-        plens.append(P)
-        heads.append(g.rows[0])
-        for r in g.rows:
-            shift[r] = P // block_size
+        nb = P // block_size
+        for b0 in range(0, nb, split_blocks):
+            rows.append(torch.arange(first * r, len(order) * r))
+            cu.append(cu[-1] + len(g.rows) * r)
+            plens.append(min(split_blocks, nb - b0) * block_size)
+            heads.append(g.rows[0])
+            starts.append(b0)
+        for r_ in g.rows:
+            shift[r_] = nb
     if not order:
         return None
     dev = block_table.device
-    shift_t = torch.tensor(shift, device=dev)
-    cols = (torch.arange(max_blocks, device=dev).unsqueeze(0) + shift_t.unsqueeze(1)).clamp_(max=max_blocks - 1)
+
+    def shifted(row_ids: list[int], by: list[int]) -> torch.Tensor:
+        cols = torch.arange(max_blocks, device=dev).unsqueeze(0) + torch.tensor(by, device=dev).unsqueeze(1)
+        return block_table.index_select(0, torch.tensor(row_ids, device=dev)).gather(
+            1, cols.clamp_(max=max_blocks - 1)).to(torch.int32)
+
     suffix_lens = [n - s * block_size for n, s in zip(lens, shift)]
     i32 = dict(dtype=torch.int32, device=dev)
     return CascadePlan(
-        order=torch.tensor(order, dtype=torch.long, device=dev), cu_q=torch.tensor(cu, **i32),
-        max_group=max(cu[i + 1] - cu[i] for i in range(len(plens))),
-        prefix_lens=torch.tensor(plens, **i32),
-        prefix_tables=block_table.index_select(0, torch.tensor(heads, device=dev)).to(torch.int32),
-        max_prefix=max(plens), cu_suffix=torch.arange(Q + 1, **i32), suffix_lens=torch.tensor(suffix_lens, **i32),
-        suffix_tables=block_table.gather(1, cols).to(torch.int32), max_suffix=max(suffix_lens))
+        order=torch.tensor(order, dtype=torch.long, device=dev), heads_per_kv=r,
+        split_rows=torch.cat(rows).to(dev), cu_q=torch.tensor(cu, **i32),
+        max_rows=max(cu[i + 1] - cu[i] for i in range(len(plens))),
+        prefix_lens=torch.tensor(plens, **i32), prefix_tables=shifted(heads, starts), max_prefix=max(plens),
+        cu_suffix=torch.arange(Q + 1, **i32), suffix_lens=torch.tensor(suffix_lens, **i32),
+        suffix_tables=shifted(list(range(Q)), shift), max_suffix=max(suffix_lens))
 
 
 def cascade_decode_varlen(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
@@ -103,13 +132,27 @@ def cascade_decode_varlen(query: torch.Tensor, key_cache: torch.Tensor, value_ca
     attend(q=, k=, v=, cu_seqlens_q=, max_seqlen_q=, seqused_k=, max_seqlen_k=, block_table=, causal=)
     -> (out [T, H, D], lse [H, T]): flash_attn_varlen_func with return_softmax_lse=True (and the
     softmax scale bound), or any function with its signature."""
+    Q, H, D = query.shape
+    K, r, M = key_cache.shape[2], plan.heads_per_kv, plan.order.numel()
+    if H % (K * r):
+        raise ValueError(f"cascade plan packs {r} query heads per KV head, which must divide the query's "
+                         f"{H} heads over the cache's {K} KV heads")
+    Hp = H // r
     o_s, l_s = attend(q=query, k=key_cache, v=value_cache, cu_seqlens_q=plan.cu_suffix, max_seqlen_q=1,
                       seqused_k=plan.suffix_lens, max_seqlen_k=plan.max_suffix, block_table=plan.suffix_tables,
                       causal=True)
-    o_p, l_p = attend(q=query.index_select(0, plan.order), k=key_cache, v=value_cache, cu_seqlens_q=plan.cu_q,
-                      max_seqlen_q=plan.max_group, seqused_k=plan.prefix_lens, max_seqlen_k=plan.max_prefix,
-                      block_table=plan.prefix_tables, causal=False)
-    merged, _ = merge_attention_states(o_p, l_p.transpose(0, 1), o_s.index_select(0, plan.order),
+    # [M, H, D] -> [M * r, H / r, D]: row m * r + j, head a is query head a * r + j of member m, which
+    # reads the same KV head as query head a * r (r divides H / K)
+    packed = query.index_select(0, plan.order).view(M, Hp, r, D).transpose(1, 2).reshape(M * r, Hp, D)
+    o_p, l_p = attend(q=packed.index_select(0, plan.split_rows), k=key_cache, v=value_cache,
+                      cu_seqlens_q=plan.cu_q, max_seqlen_q=plan.max_rows, seqused_k=plan.prefix_lens,
+                      max_seqlen_k=plan.max_prefix, block_table=plan.prefix_tables, causal=False)
+    l_p = l_p.transpose(0, 1)                                       # [T, H / r]
+    if plan.split_rows.numel() > M * r:                             # some prefix is split
+        o_p, l_p = merge_attention_rows(o_p, l_p, plan.split_rows, M * r)
+    o_p = o_p.reshape(M, r, Hp, D).transpose(1, 2).reshape(M, H, D)
+    l_p = l_p.reshape(M, r, Hp).transpose(1, 2).reshape(M, H)
+    merged, _ = merge_attention_states(o_p.float(), l_p, o_s.index_select(0, plan.order).float(),
                                        l_s.transpose(0, 1).index_select(0, plan.order))
     return o_s.index_copy(0, plan.order, merged.to(o_s.dtype))
 
@@ -129,6 +172,7 @@ if FlashAttentionImpl is not None:
     class ZorroFlashAttentionImpl(FlashAttentionImpl):
         min_group_size = 2
         min_prefix_len = 256
+        split_tokens = SPLIT_TOKENS
         cascade_calls = 0           # per process, for logs and the GPU check
         _step: tuple | None = None  # (metadata object, plan) of the current step
 
@@ -150,7 +194,9 @@ if FlashAttentionImpl is not None:
                 table = attn_metadata.block_table[:n]
                 groups = find_groups(table.cpu(), lens, block_size, min_group_size=self.min_group_size,
                                      min_prefix_len=self.min_prefix_len)
-                step = (attn_metadata, plan_cascade(table, lens, groups, block_size))
+                step = (attn_metadata, plan_cascade(table, lens, groups, block_size,
+                                                    heads_per_kv=self.num_heads // self.num_kv_heads,
+                                                    split_tokens=self.split_tokens))
                 ZorroFlashAttentionImpl._step = step
             return step[1]
 
