@@ -195,25 +195,41 @@ def cuda_op_level(groups, G, Sp, Ss, H, K, D, reps, variants=None, dtype=torch.b
         fns[name] = lambda plan=plan: cascade_decode_varlen(q, k_c, v_c, plan, attend)
     ref = fns["standard"]().float()
     err = max((f().float() - ref).abs().max().item() for f in fns.values())
-    # 20 back-to-back calls per timing, so launch gaps do not hide the kernel time; min over reps
-    out = {}
-    for name, f in fns.items():
-        f()
-        torch.cuda.synchronize()
-        best = float("inf")
-        for _ in range(reps):
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            for _ in range(20):
-                f()
-            b.record()
-            b.synchronize()
-            best = min(best, a.elapsed_time(b) / 20)
-        out[name] = best
+    # eager: what a Python-driven step costs (each small op a launch); graph: the same ops replayed
+    # from a CUDA graph, i.e. the GPU's time. Both the min over reps of 20 back-to-back calls.
+    out = {"eager": {n: _cuda_ms(f, reps) for n, f in fns.items()},
+           "graph": {n: _cuda_ms(_graphed(f), reps) for n, f in fns.items()}}
     kv_bytes = 2 * K * D * torch.tensor([], dtype=dtype).element_size()
-    out["std_TBps"] = Q * (Sp + Ss) * kv_bytes / (out["standard"] * 1e-3) / 1e12
-    out["casc_TBps"] = {n: (groups * Sp + Q * Ss) * kv_bytes / (out[n] * 1e-3) / 1e12 for n in variants}
+    out["std_TBps"] = Q * (Sp + Ss) * kv_bytes / (out["graph"]["standard"] * 1e-3) / 1e12
+    out["casc_TBps"] = {n: (groups * Sp + Q * Ss) * kv_bytes / (out["graph"][n] * 1e-3) / 1e12 for n in variants}
     return out, err
+
+
+def _cuda_ms(f, reps: int) -> float:
+    f()
+    torch.cuda.synchronize()
+    best = float("inf")
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        for _ in range(20):
+            f()
+        b.record()
+        b.synchronize()
+        best = min(best, a.elapsed_time(b) / 20)
+    return best
+
+
+def _graphed(f):
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):   # warm-up off the capture stream, as torch's docs ask
+        f()
+    torch.cuda.current_stream().wait_stream(side)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        f()
+    return g.replay
 
 
 def cuda_main(args) -> None:
@@ -224,33 +240,42 @@ def cuda_main(args) -> None:
           f"FlashAttention-2 varlen, head dim {D}, block {CUDA_BLOCK}, {requests} requests per step)")
     print(f"main point: prefix {Sp}, suffix {Ss}, G {G}; KV-read limit {limit(G, Sp, Ss):.2f}x; "
           f"cascade variants of arctic_rl.zorro.vllm_cuda (default: packed, split {SPLIT_TOKENS})")
+    print("graph = replayed from a CUDA graph (GPU time); eager = launched op by op from Python")
     print(HEADER + "  std TB/s  casc TB/s")
     summary = {}
     for H, K in ((32, 8), (16, 16)):
         variants = cuda_variants(H, K)
         t, err = cuda_op_level(args.groups, G, Sp, Ss, H, K, D, reps, variants)
         for name in variants:
-            print(row(f"heads {H}/{K}  {name}", G, Sp, Ss, {"standard": t["standard"], "cascade": t[name]}, err)
-                  + f"  {t['std_TBps']:8.2f}  {t['casc_TBps'][name]:9.2f}")
-        summary[(H, K)] = t["standard"] / t[f"packed, split {SPLIT_TOKENS}"]
-    ratios = {}
+            for mode in ("graph", "eager"):
+                tm = t[mode]
+                line = row(f"{H}/{K} {name} ({mode})", G, Sp, Ss, {"standard": tm["standard"], "cascade": tm[name]}, err)
+                print(line + (f"  {t['std_TBps']:8.2f}  {t['casc_TBps'][name]:9.2f}" if mode == "graph" else ""))
+        default = f"packed, split {SPLIT_TOKENS}"
+        summary[(H, K)] = {m: t[m]["standard"] / t[m][default] for m in ("graph", "eager")}
+    ratios = {"graph": {}, "eager": {}}
     print(f"sweep (heads 32/8, {requests} requests per step, default variant):")
     print(HEADER)
     points = [(g, Sp) for g in (2, 4, 8, 16, 32)] + [(G, p) for p in (512, 1024, 4096, 8192)]
     for g, p in tqdm(points, desc="sweep", leave=False):
         t, err = cuda_op_level(max(1, requests // g), g, p, Ss, 32, 8, D, reps)
-        tqdm.write(row(f"G {g:3d}  prefix {p:5d}", g, p, Ss, t, err))
-        ratios[(g, p)] = t["standard"] / t["cascade"]
+        for mode in ("graph", "eager"):
+            tqdm.write(row(f"G {g:3d}  prefix {p:5d} ({mode})", g, p, Ss, t[mode], err))
+            ratios[mode][(g, p)] = t[mode]["standard"] / t[mode]["cascade"]
     from plots import speedup_png
-    panels = {f"G sweep, prefix {Sp}": [(f"G {g}", ratios[(g, Sp)], limit(g, Sp, Ss))
-                                        for g in sorted({g for g, p in ratios if p == Sp})],
-              f"prefix sweep, G {G}": [(str(p), ratios[(G, p)], limit(G, p, Ss))
-                                       for p in sorted({p for g, p in ratios if g == G})]}
+    panels = {}
+    for mode, rs in ratios.items():
+        panels[f"{mode}: G sweep, prefix {Sp}"] = [(f"G {g}", rs[(g, Sp)], limit(g, Sp, Ss))
+                                                   for g in sorted({g for g, p in rs if p == Sp})]
+        panels[f"{mode}: prefix sweep, G {G}"] = [(str(p), rs[(G, p)], limit(G, p, Ss))
+                                                  for p in sorted({p for g, p in rs if g == G})]
     png = speedup_png(args.out / "cascade_cuda.png", panels,
                       f"cascade decode vs standard, FlashAttention-2 bf16 on {torch.cuda.get_device_name()} "
                       f"(suffix {Ss}, heads 32/8, {requests} requests)")
-    print(f"summary: cascade {summary[(32, 8)]:.2f}x (heads 32/8), {summary[(16, 16)]:.2f}x (16/16) vs standard "
-          f"at prefix {Sp}, suffix {Ss}, G {G}, {requests} requests (KV-read limit {limit(G, Sp, Ss):.2f}x); plot {png}")
+    s32, s16 = summary[(32, 8)], summary[(16, 16)]
+    print(f"summary: cascade vs standard at prefix {Sp}, suffix {Ss}, G {G}, {requests} requests (KV-read limit "
+          f"{limit(G, Sp, Ss):.2f}x): {s32['graph']:.2f}x (heads 32/8), {s16['graph']:.2f}x (16/16) in GPU time; "
+          f"{s32['eager']:.2f}x / {s16['eager']:.2f}x launched eagerly; plot {png}")
 
 
 def row(label, G, Sp, Ss, t, err) -> str:
