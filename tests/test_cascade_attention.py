@@ -1,6 +1,11 @@
 """The merge primitive and cascade decode attention equal one attention pass over all keys."""
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -326,6 +331,55 @@ def test_cuda_backend_step_equals_standard(spec, heads):
                 continue
             out = cascade_decode_varlen(q, kc, vc, plan, torch_varlen_attention)
             torch.testing.assert_close(out, ref, atol=2e-6, rtol=0, msg=lambda m: f"{opts}: {m}")
+
+
+_TRITON_MERGE = r"""
+import torch
+from arctic_rl.zorro.merge import merge_attention_states
+from arctic_rl.zorro.merge_triton import merge_prefix_into_suffix
+from test_cascade_attention import SPECS, random_paged, reference_decode, torch_varlen_attention
+from arctic_rl.zorro.vllm_cuda import cascade_decode_varlen, find_groups, plan_cascade
+
+# the kernel alone, against the torch merge: packed heads, D not a power of two, an empty prefix part,
+# log-sum-exps far outside exp's float32 range
+g = torch.Generator().manual_seed(0)
+for Q, H, r, D, shift in ((10, 8, 4, 24, 0.0), (6, 6, 1, 80, 300.0), (5, 4, 2, 128, -300.0)):
+    order = torch.randperm(Q, generator=g)[: Q - 2].contiguous()
+    M, Hp = len(order), H // r
+    o_s, l_s = torch.randn(Q, H, D, generator=g), torch.randn(H, Q, generator=g)
+    o_p, l_p = torch.randn(M * r, Hp, D, generator=g), 3 * torch.randn(Hp, M * r, generator=g) + shift
+    l_s += shift
+    l_p[0, 1] = float("-inf")
+    op = o_p.view(M, r, Hp, D).transpose(1, 2).reshape(M, H, D)
+    lp = l_p.t().reshape(M, r, Hp).transpose(1, 2).reshape(M, H)
+    ref = o_s.clone()
+    ref[order] = merge_attention_states(op, lp, o_s[order], l_s.t()[order])[0]
+    out = merge_prefix_into_suffix(o_s.clone(), l_s, o_p, l_p, order, r)
+    assert (out - ref).abs().max().item() < 1e-5, (Q, H, r, D)
+
+# the whole CUDA step through the kernel (ARCTIC_RL_TRITON_MERGE=interpret)
+for spec in sorted(SPECS):
+    q, kc, vc, table, lens, groups = random_paged(SPECS[spec], H=4, K=2, seed=len(spec) + 1)
+    plan = plan_cascade(table, lens, find_groups(table, lens, kc.shape[1], min_prefix_len=1), kc.shape[1],
+                        heads_per_kv=2)
+    if plan is not None:
+        out = cascade_decode_varlen(q, kc, vc, plan, torch_varlen_attention)
+        torch.testing.assert_close(out, reference_decode(q, kc, vc, table, lens), atol=2e-6, rtol=0)
+print("TRITON MERGE OK")
+"""
+
+
+def test_triton_merge_kernel_interpreted():
+    """arctic_rl.zorro.merge_triton's kernel (the CUDA step's one-launch merge) run by Triton's CPU
+    interpreter: equal to the torch merge, and the whole step through it equal to standard attention."""
+    folder = Path(sys.executable).parents[1] / "triton-interp"
+    if not (folder / "triton").is_dir():
+        pytest.fail(f"{folder} is missing: scripts/setup_env.sh installs Triton there")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(folder), str(Path(__file__).parent)]),
+           "TRITON_INTERPRET": "1", "ARCTIC_RL_TRITON_MERGE": "interpret"}
+    p = subprocess.run([sys.executable, "-c", _TRITON_MERGE], capture_output=True, text=True, env=env, timeout=600,
+                       cwd=Path(__file__).parents[1])
+    assert "TRITON MERGE OK" in p.stdout, p.stderr[-4000:]
 
 
 def test_cuda_plan_rejects_bad_groups():

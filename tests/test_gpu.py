@@ -134,12 +134,18 @@ def test_cascade_step_on_cuda_flash():
         k = kc[r].flatten(0, 1)[:n].double().transpose(0, 1).unsqueeze(0)
         v = vc[r].flatten(0, 1)[:n].double().transpose(0, 1).unsqueeze(0)
         refs.append(attention_with_lse(q[i].double().view(1, H, 1, D), k, v, scale=D ** -0.5)[0][0, :, 0])
-    # plain; 4 query heads packed per KV head; packed with the prefix in 4 splits
+    # plain; 4 query heads packed per KV head; packed with the prefix in 4 splits; each with the Triton
+    # merge (where Triton is installed) and with the torch one
     for opts in ({}, {"heads_per_kv": H // K}, {"heads_per_kv": H // K, "split_tokens": 2 * bs}):
-        out = cascade_decode_varlen(q, kc, vc, plan_cascade(table, lens, groups, bs, **opts),
-                                    _torch_flash_attend(D ** -0.5))
-        for i, ref in enumerate(refs):
-            assert (out[i].double() - ref).abs().max().item() < 2e-2, (opts, i)
+        for merge in ("1", "0"):
+            os.environ["ARCTIC_RL_TRITON_MERGE"] = merge
+            try:
+                out = cascade_decode_varlen(q, kc, vc, plan_cascade(table, lens, groups, bs, **opts),
+                                            _torch_flash_attend(D ** -0.5))
+            finally:
+                os.environ.pop("ARCTIC_RL_TRITON_MERGE")
+            for i, ref in enumerate(refs):
+                assert (out[i].double() - ref).abs().max().item() < 2e-2, (opts, merge, i)
 
 
 def _free_port() -> int:

@@ -37,6 +37,7 @@ Legend: Q requests, H query heads, K kv heads, D head dim, G requests in a group
 from __future__ import annotations
 
 import functools
+import os
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
@@ -46,7 +47,7 @@ from arctic_rl.zorro.cascade import PrefixGroup, groups_from_block_table
 from arctic_rl.zorro.merge import merge_attention_rows, merge_attention_states
 
 CLASS_PATH = "arctic_rl.zorro.vllm_cuda.ZorroFlashAttentionBackend"
-SPLIT_TOKENS = 512   # prefix split of the prefix pass (see the module docstring)
+SPLIT_TOKENS = 0     # prefix split of the prefix pass; 0 = none (measured slower, see the module docstring)
 
 
 @dataclass(frozen=True)
@@ -125,6 +126,23 @@ def plan_cascade(block_table: torch.Tensor, seq_lens: Sequence[int], groups: Seq
         suffix_tables=shifted(list(range(Q)), shift), max_suffix=max(suffix_lens))
 
 
+@functools.lru_cache(maxsize=None)
+def _triton_available() -> bool:
+    try:
+        import triton  # noqa: F401
+        return True
+    except ImportError:
+        return False
+
+
+def _fused_merge(query: torch.Tensor) -> bool:
+    """The one-launch Triton merge (arctic_rl.zorro.merge_triton) on CUDA where Triton is installed.
+    ARCTIC_RL_TRITON_MERGE=0 keeps the torch ops (A/B timing); =interpret uses the kernel on CPU
+    tensors too, under TRITON_INTERPRET=1 (how CI tests it without a GPU)."""
+    mode = os.environ.get("ARCTIC_RL_TRITON_MERGE", "1")
+    return mode != "0" and (query.is_cuda or mode == "interpret") and _triton_available()
+
+
 def cascade_decode_varlen(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
                           plan: CascadePlan, attend: Callable) -> torch.Tensor:
     """Decode attention [Q, H, D] for one query token per request, by the plan's two paged passes.
@@ -142,13 +160,18 @@ def cascade_decode_varlen(query: torch.Tensor, key_cache: torch.Tensor, value_ca
                       seqused_k=plan.suffix_lens, max_seqlen_k=plan.max_suffix, block_table=plan.suffix_tables,
                       causal=True)
     # [M, H, D] -> [M * r, H / r, D]: row m * r + j, head a is query head a * r + j of member m, which
-    # reads the same KV head as query head a * r (r divides H / K)
-    packed = query.index_select(0, plan.order).view(M, Hp, r, D).transpose(1, 2).reshape(M * r, Hp, D)
-    o_p, l_p = attend(q=packed.index_select(0, plan.split_rows), k=key_cache, v=value_cache,
-                      cu_seqlens_q=plan.cu_q, max_seqlen_q=plan.max_rows, seqused_k=plan.prefix_lens,
+    # reads the same KV head as query head a * r (r divides H / K). One gather, no other copy.
+    packed = query.reshape(Q, Hp, r, D).transpose(1, 2).index_select(0, plan.order).view(M * r, Hp, D)
+    split = plan.split_rows.numel() > M * r                         # some prefix is split
+    o_p, l_p = attend(q=packed.index_select(0, plan.split_rows) if split else packed, k=key_cache,
+                      v=value_cache, cu_seqlens_q=plan.cu_q, max_seqlen_q=plan.max_rows, seqused_k=plan.prefix_lens,
                       max_seqlen_k=plan.max_prefix, block_table=plan.prefix_tables, causal=False)
+    if not split and _fused_merge(query):
+        from arctic_rl.zorro.merge_triton import merge_prefix_into_suffix
+        return merge_prefix_into_suffix(o_s.contiguous(), l_s.contiguous(), o_p.contiguous(), l_p.contiguous(),
+                                        plan.order, r)
     l_p = l_p.transpose(0, 1)                                       # [T, H / r]
-    if plan.split_rows.numel() > M * r:                             # some prefix is split
+    if split:
         o_p, l_p = merge_attention_rows(o_p, l_p, plan.split_rows, M * r)
     o_p = o_p.reshape(M, r, Hp, D).transpose(1, 2).reshape(M, H, D)
     l_p = l_p.reshape(M, r, Hp).transpose(1, 2).reshape(M, H)
