@@ -146,10 +146,14 @@ def offset_attend(scale: float):
     kernel, for caches in which each sequence's blocks are consecutive: sequence i starts at block
     block_table[i, 0] (varlen start offsets + seqused_k, so nothing is gathered)."""
     fa = torch.ops.aten._flash_attention_forward
+    offsets: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}   # per table, once (a paged kernel reads the
+                                                                 # table itself, with no extra launches)
 
     def attend(q, k, v, cu_seqlens_q, max_seqlen_q, seqused_k, max_seqlen_k, block_table, causal):
-        start = block_table[:, 0] * k.shape[1]
-        cu_k = torch.cat([start, start[-1:] + seqused_k[-1:]]).to(torch.int32)
+        if id(block_table) not in offsets:
+            start = block_table[:, 0] * k.shape[1]
+            offsets[id(block_table)] = (block_table, torch.cat([start, start[-1:] + seqused_k[-1:]]).to(torch.int32))
+        cu_k = offsets[id(block_table)][1]
         return fa(q, k.flatten(0, 1), v.flatten(0, 1), cu_seqlens_q, cu_k, max_seqlen_q, max_seqlen_k, 0.0, causal,
                   False, scale=scale, seqused_k=seqused_k)[:2]
     return attend
@@ -160,7 +164,8 @@ def cuda_variants(H, K) -> dict[str, dict]:
     instead of the one-launch Triton kernel. The first is the backend's default."""
     r = H // K
     return {"default": {"heads_per_kv": r}, "default, torch merge": {"heads_per_kv": r, "torch_merge": True},
-            "unpacked": {}, "split 512": {"heads_per_kv": r, "split_tokens": 512}}
+            "unpacked": {}, "split 256": {"heads_per_kv": r, "split_tokens": 256},
+            "split 512": {"heads_per_kv": r, "split_tokens": 512}, "split 1024": {"heads_per_kv": r, "split_tokens": 1024}}
 
 
 def cuda_op_level(groups, G, Sp, Ss, H, K, D, reps, variants=None, dtype=torch.bfloat16):

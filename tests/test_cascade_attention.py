@@ -354,17 +354,20 @@ for Q, H, r, D, shift in ((10, 8, 4, 24, 0.0), (6, 6, 1, 80, 300.0), (5, 4, 2, 1
     lp = l_p.t().reshape(M, r, Hp).transpose(1, 2).reshape(M, H)
     ref = o_s.clone()
     ref[order] = merge_attention_states(op, lp, o_s[order], l_s.t()[order])[0]
-    out = merge_prefix_into_suffix(o_s.clone(), l_s, o_p, l_p, order, r)
+    i32 = dict(dtype=torch.int32)
+    out = merge_prefix_into_suffix(o_s.clone(), l_s, o_p, l_p, order, torch.arange(M, **i32) * r,
+                                   torch.full((M,), M * r, **i32), torch.ones(M, **i32), r)
     assert (out - ref).abs().max().item() < 1e-5, (Q, H, r, D)
 
 # the whole CUDA step through the kernel (ARCTIC_RL_TRITON_MERGE=interpret)
 for spec in sorted(SPECS):
     q, kc, vc, table, lens, groups = random_paged(SPECS[spec], H=4, K=2, seed=len(spec) + 1)
-    plan = plan_cascade(table, lens, find_groups(table, lens, kc.shape[1], min_prefix_len=1), kc.shape[1],
-                        heads_per_kv=2)
-    if plan is not None:
-        out = cascade_decode_varlen(q, kc, vc, plan, torch_varlen_attention)
-        torch.testing.assert_close(out, reference_decode(q, kc, vc, table, lens), atol=2e-6, rtol=0)
+    found = find_groups(table, lens, kc.shape[1], min_prefix_len=1)
+    for split in (0, kc.shape[1]):      # whole prefixes; a split per block (ragged split counts)
+        plan = plan_cascade(table, lens, found, kc.shape[1], heads_per_kv=2, split_tokens=split)
+        if plan is not None:
+            out = cascade_decode_varlen(q, kc, vc, plan, torch_varlen_attention)
+            torch.testing.assert_close(out, reference_decode(q, kc, vc, table, lens), atol=2e-6, rtol=0)
 print("TRITON MERGE OK")
 """
 

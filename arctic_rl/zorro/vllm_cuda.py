@@ -56,6 +56,9 @@ class CascadePlan:
     heads_per_kv: int            # r: query heads per KV head, packed as prefix-pass rows
     split_rows: torch.Tensor     # [T] long: the packed row (member * r + head in its KV group) of
                                  # each prefix-pass query row; a group's rows repeat once per split
+    member_base: torch.Tensor    # [M] int32: member m's first prefix-pass row (split 0, packed head 0)
+    member_stride: torch.Tensor  # [M] int32: rows between its splits (its group's size * r)
+    member_splits: torch.Tensor  # [M] int32: its group's number of splits
     cu_q: torch.Tensor           # [num_splits + 1] int32: prefix-pass sequences (one per group split)
     max_rows: int
     prefix_lens: torch.Tensor    # [num_splits] int32: keys of each split (block-aligned)
@@ -90,6 +93,9 @@ def plan_cascade(block_table: torch.Tensor, seq_lens: Sequence[int], groups: Seq
     order: list[int] = []
     rows: list[torch.Tensor] = []
     cu, plens, heads, starts = [0], [], [], []
+    base: list[int] = []
+    stride: list[int] = []
+    nsplit: list[int] = []
     for g in groups:
         P = g.prefix_len
         if P <= 0 or P % block_size or any(lens[r_] <= P for r_ in g.rows) or any(shift[r_] for r_ in g.rows):
@@ -98,6 +104,10 @@ def plan_cascade(block_table: torch.Tensor, seq_lens: Sequence[int], groups: Seq
         first = len(order)
         order += g.rows
         nb = P // block_size
+        G = len(g.rows)
+        base += [cu[-1] + i * r for i in range(G)]
+        stride += [G * r] * G
+        nsplit += [-(-nb // split_blocks)] * G
         for b0 in range(0, nb, split_blocks):
             rows.append(torch.arange(first * r, len(order) * r))
             cu.append(cu[-1] + len(g.rows) * r)
@@ -119,7 +129,8 @@ def plan_cascade(block_table: torch.Tensor, seq_lens: Sequence[int], groups: Seq
     i32 = dict(dtype=torch.int32, device=dev)
     return CascadePlan(
         order=torch.tensor(order, dtype=torch.long, device=dev), heads_per_kv=r,
-        split_rows=torch.cat(rows).to(dev), cu_q=torch.tensor(cu, **i32),
+        split_rows=torch.cat(rows).to(dev), member_base=torch.tensor(base, **i32),
+        member_stride=torch.tensor(stride, **i32), member_splits=torch.tensor(nsplit, **i32), cu_q=torch.tensor(cu, **i32),
         max_rows=max(cu[i + 1] - cu[i] for i in range(len(plens))),
         prefix_lens=torch.tensor(plens, **i32), prefix_tables=shifted(heads, starts), max_prefix=max(plens),
         cu_suffix=torch.arange(Q + 1, **i32), suffix_lens=torch.tensor(suffix_lens, **i32),
@@ -166,10 +177,10 @@ def cascade_decode_varlen(query: torch.Tensor, key_cache: torch.Tensor, value_ca
     o_p, l_p = attend(q=packed.index_select(0, plan.split_rows) if split else packed, k=key_cache,
                       v=value_cache, cu_seqlens_q=plan.cu_q, max_seqlen_q=plan.max_rows, seqused_k=plan.prefix_lens,
                       max_seqlen_k=plan.max_prefix, block_table=plan.prefix_tables, causal=False)
-    if not split and _fused_merge(query):
+    if _fused_merge(query):
         from arctic_rl.zorro.merge_triton import merge_prefix_into_suffix
         return merge_prefix_into_suffix(o_s.contiguous(), l_s.contiguous(), o_p.contiguous(), l_p.contiguous(),
-                                        plan.order, r)
+                                        plan.order, plan.member_base, plan.member_stride, plan.member_splits, r)
     l_p = l_p.transpose(0, 1)                                       # [T, H / r]
     if split:
         o_p, l_p = merge_attention_rows(o_p, l_p, plan.split_rows, M * r)
