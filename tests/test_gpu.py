@@ -100,17 +100,11 @@ def _torch_flash_attend(scale: float):
     return attend
 
 
-def test_cascade_step_on_cuda_flash():
-    """vllm_cuda's cascade step (plan + two varlen passes + merge) on CUDA with FlashAttention-2 equals
-    attention over every request's whole sequence, in float64, within bf16 noise; groups of one and
-    a request with a one-token suffix included."""
-    from arctic_rl.zorro.merge import attention_with_lse
-    from arctic_rl.zorro.vllm_cuda import cascade_decode_varlen, find_groups, plan_cascade
-
+def _paged_case(bs: int = 16, K: int = 2, H: int = 8, D: int = 64, prefix_blocks: int = 8):
+    """A bf16 paged cache on the GPU: 8 requests, rows 0..5 sharing a prefix of `prefix_blocks` blocks
+    (suffixes of 1 to 30 tokens), rows 6 and 7 alone; blocks shuffled. -> q, key/value cache, table, lens."""
     torch.manual_seed(0)
-    bs, K, H, D = 16, 2, 8, 64
-    prefix_blocks = 8
-    suffix = [1, 5, 16, 17, 30, 3, 40, 9]          # rows 0..5 share a prefix; 6 and 7 are alone
+    suffix = [1, 5, 16, 17, 30, 3, 40, 9]
     nblocks = 3 * prefix_blocks + sum(-(-s // bs) for s in suffix) + 1
     perm = torch.randperm(nblocks).tolist()
     shared, nxt, rows = perm[:prefix_blocks], prefix_blocks, []
@@ -122,10 +116,21 @@ def test_cascade_step_on_cuda_flash():
         rows.append(own_prefix + own)
     width = max(map(len, rows))
     table = torch.tensor([r + [0] * (width - len(r)) for r in rows], dtype=torch.int32, device="cuda")
-    lens = [prefix_blocks * bs + s for s in suffix]
     kc = torch.randn(nblocks, bs, K, D, device="cuda", dtype=torch.bfloat16)
-    vc = torch.randn_like(kc)
     q = torch.randn(len(suffix), H, D, device="cuda", dtype=torch.bfloat16)
+    return q, kc, torch.randn_like(kc), table, [prefix_blocks * bs + s for s in suffix]
+
+
+def test_cascade_step_on_cuda_flash():
+    """vllm_cuda's cascade step (plan + two varlen passes + merge) on CUDA with FlashAttention-2 equals
+    attention over every request's whole sequence, in float64, within bf16 noise; groups of one and
+    a request with a one-token suffix included."""
+    from arctic_rl.zorro.merge import attention_with_lse
+    from arctic_rl.zorro.vllm_cuda import cascade_decode_varlen, find_groups, plan_cascade
+
+    q, kc, vc, table, lens = _paged_case()
+    bs, (H, D), K = kc.shape[1], q.shape[1:], kc.shape[2]
+    prefix_blocks = 8
     groups = find_groups(table.cpu(), lens, bs, min_prefix_len=bs)
     assert [g.rows for g in groups] == [tuple(range(6))] and groups[0].prefix_len == prefix_blocks * bs
     refs = []
@@ -204,23 +209,8 @@ def test_cascade_step_with_the_real_kernel():
 
     from arctic_rl.zorro.vllm_cuda import cascade_decode_varlen, find_groups, plan_cascade
 
-    torch.manual_seed(0)
-    bs, K, H, D = 16, 2, 8, 64
-    prefix_blocks, G = 8, 6
-    suffix = [1, 5, 16, 17, 30, 3]
-    nblocks = prefix_blocks + sum(-(-s // bs) for s in suffix) + 1
-    perm = torch.randperm(nblocks).tolist()
-    prefix, nxt, rows = perm[:prefix_blocks], prefix_blocks, []
-    for s in suffix:
-        own = perm[nxt:nxt + -(-s // bs)]
-        nxt += len(own)
-        rows.append(prefix + own)
-    width = max(map(len, rows))
-    table = torch.tensor([r + [0] * (width - len(r)) for r in rows], dtype=torch.int32, device="cuda")
-    lens = [prefix_blocks * bs + s for s in suffix]
-    kc = torch.randn(nblocks, bs, K, D, device="cuda", dtype=torch.bfloat16)
-    vc = torch.randn_like(kc)
-    q = torch.randn(G, H, D, device="cuda", dtype=torch.bfloat16)
+    q, kc, vc, table, lens = _paged_case()
+    bs, D, G, prefix_blocks = kc.shape[1], q.shape[2], q.shape[0], 8
     attend = lambda **kw: flash_attn_varlen_func(softmax_scale=D ** -0.5, return_softmax_lse=True,  # noqa: E731
                                                  fa_version=get_flash_attn_version(), **kw)
     seq = torch.tensor(lens, dtype=torch.int32, device="cuda")
