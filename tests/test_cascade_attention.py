@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from arctic_rl.zorro.group_attention import paged_group_attention as PAGED_GROUP_ATTENTION
 from arctic_rl.zorro.merge import attention_with_lse, merge_attention_states
 
 
@@ -138,9 +139,14 @@ def test_cascade_equals_standard(spec, heads):
         torch.testing.assert_close(out, ref, atol=2e-6, rtol=0)
 
 
-def test_shared_prefix_attention_contiguous():
+@pytest.mark.parametrize("G, H, K, D, Sp, Ss", [(5, 8, 2, 16, 11, 3),        # torch's flash kernel
+                                                 (13, 16, 4, 32, 37, 5)])     # 52 rows per KV head: ours
+def test_shared_prefix_attention_contiguous(G, H, K, D, Sp, Ss, monkeypatch):
+    from arctic_rl.zorro import cascade, group_attention
+    calls = []
+    monkeypatch.setattr(group_attention, "paged_group_attention",
+                        lambda *a, **kw: calls.append(1) or PAGED_GROUP_ATTENTION(*a, **kw))
     torch.manual_seed(3)
-    G, H, K, D, Sp, Ss = 5, 8, 2, 16, 11, 3
     q = torch.randn(G, H, D)
     kp, vp = torch.randn(Sp, K, D), torch.randn(Sp, K, D)
     ks, vs = torch.randn(G, Ss, K, D), torch.randn(G, Ss, K, D)
@@ -155,6 +161,7 @@ def test_shared_prefix_attention_contiguous():
                                                             vp.transpose(0, 1).expand(G, K, Sp, D),
                                                             enable_gqa=True)[:, :, 0]
     torch.testing.assert_close(no_suffix, ref0, atol=2e-6, rtol=0)
+    assert len(calls) == (2 if G * H // K >= cascade.KERNEL_MIN_ROWS else 0)
 
 
 def test_bad_group_is_rejected():
