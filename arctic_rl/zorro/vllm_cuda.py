@@ -9,26 +9,30 @@ A pure-decode step (every request has one query token) with at least one group r
 
     prefix pass  each group's G queries, with the r = H/K query heads that share a KV head packed
                  as rows (G*r query rows over K heads: a KV tile is read once for all of them), as
-                 one non-causal varlen "sequence" per split of the group's shared prefix blocks (the
-                 first member's block-table row, shifted to the split)
+                 one non-causal varlen "sequence" over the group's shared prefix blocks (the first
+                 member's block-table row); optionally one per split of the prefix (`split_tokens`)
     suffix pass  every request's query over its own blocks after its prefix (its whole sequence
                  if it is in no group): a block table with each row shifted past its prefix
-    merge        the splits by merge_attention_rows, then prefix with suffix by
-                 merge_attention_states (arctic_rl.zorro.merge), written back in request order
+    merge        prefix (and its splits) with suffix by log-sum-exp, written over the suffix output
+                 in request order: one Triton kernel (arctic_rl.zorro.merge_triton) where Triton is
+                 installed, else merge_attention_rows / merge_attention_states in torch ops
 
-Why pack and split: without them a group's prefix pass is one thread block per query head, each
-walking the whole prefix, so a step has few, long blocks and is latency-bound. Measured on an H200
-with torch's FlashAttention-2 (benchmarks/cascade_attention.py --device cuda), packing and 512-token
-splits are what move the cascade from 1.4x to its bandwidth-bound ratio; docs/zorro.md has the table.
+Measured on an H200 with torch's FlashAttention-2 (benchmarks/cascade_attention.py --device cuda,
+docs/zorro.md): at this batch size a decode step is a few tens of microseconds of KV reads, so every
+launch counts. The torch-op merge (~20 launches) made the cascade 1.0x launched eagerly; the Triton
+merge and the packing make it 3.0x (3.3x in GPU time) at 32/8 heads, G 16, prefix 2048. Splits add
+thread blocks (4.8x in GPU time) but also a query gather per step, which eager launches pay for, so
+they are off by default (SPLIT_TOKENS).
 
 Every other step (prefill, mixed batches, or no group) is vLLM's FlashAttentionImpl unchanged,
 and so is the KV write (`do_kv_cache_update`). Groups are found once per step from the block
 table (full blocks *before* each request's current token, so every suffix holds at least that
 token and FlashAttention never sees an empty key range) and reused by all layers of the step.
 
-The step logic (`plan_cascade`, `cascade_decode_varlen`) is device-agnostic and tested on CPU
-with a plain-torch paged varlen attention in place of the kernel (tests/test_cascade_attention.py).
-The backend classes need vLLM's CUDA build and have not run here (no GPU in this workplace).
+The step logic (`plan_cascade`, `cascade_decode_varlen`) is device-agnostic: tested on CPU with a
+plain-torch paged varlen attention in place of the kernel (tests/test_cascade_attention.py, the Triton
+merge under Triton's interpreter) and on an H200 with torch's FlashAttention-2 (tests/test_gpu.py).
+The backend classes need vLLM's CUDA build and have not run (vLLM was not on the GPU image we had).
 Full CUDA graphs cannot capture a data-dependent step, so the engine runs PIECEWISE graphs with
 attention eager (`arctic_rl.zorro.inference.vllm_engine_kwargs`).
 
