@@ -102,7 +102,7 @@ def plan_cascade(block_table: torch.Tensor, seq_lens: Sequence[int], groups: Seq
     nsplit: list[int] = []
     for g in groups:
         P = g.prefix_len
-        if P <= 0 or P % block_size or any(lens[r_] <= P for r_ in g.rows) or any(shift[r_] for r_ in g.rows):
+        if P <= 0 or P % block_size or any(lens[row] <= P for row in g.rows) or any(shift[row] for row in g.rows):
             raise ValueError(f"bad cascade group {g}: prefix_len must be a positive multiple of the block size "
                              f"{block_size}, < every member's seq_len, and groups must not overlap")
         first = len(order)
@@ -114,12 +114,12 @@ def plan_cascade(block_table: torch.Tensor, seq_lens: Sequence[int], groups: Seq
         nsplit += [-(-nb // split_blocks)] * G
         for b0 in range(0, nb, split_blocks):
             rows.append(torch.arange(first * r, len(order) * r))
-            cu.append(cu[-1] + len(g.rows) * r)
+            cu.append(cu[-1] + G * r)
             plens.append(min(split_blocks, nb - b0) * block_size)
             heads.append(g.rows[0])
             starts.append(b0)
-        for r_ in g.rows:
-            shift[r_] = nb
+        for row in g.rows:
+            shift[row] = nb
     if not order:
         return None
     dev = block_table.device
