@@ -162,7 +162,7 @@ def _prefix_pass(q_GHD: torch.Tensor, k_KSD: torch.Tensor, v_KSD: torch.Tensor, 
     if q_GHD.device.type == "cpu" and G * rep >= KERNEL_MIN_ROWS and _kernel_fits(q, k_KSD, v_KSD):
         # our CPU kernel (group_attention.cpp): one key tile serves up to 4 chunks of 16 rows, where
         # torch's flash kernel re-reads it per 16. Measured faster from 48 rows per KV head up (at
-        # G 16, 32/8 heads: 7.1x against 6.1x over standard); slower at 16 (docs/zorro.md).
+        # G 16, 32/8 heads: 6.1x against 5.6x over standard); slower at 16 (docs/zorro.md).
         from arctic_rl.zorro.group_attention import paged_group_attention
         zero, end = torch.zeros(1, dtype=torch.int64), torch.full((1,), S, dtype=torch.int64)
         o, l = paged_group_attention(q, k_KSD.unsqueeze(0), v_KSD.unsqueeze(0), None, zero, end, scale,
