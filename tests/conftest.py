@@ -53,7 +53,7 @@ def ray_cluster(tmp_path_factory):
         ray.shutdown()
     os.killpg(head.pid, signal.SIGTERM)
     try:
-        head.wait(timeout=30)
+        head.wait(timeout=5)   # `ray start --block` can sit out a SIGTERM for 30 s; nothing of it is kept
     except subprocess.TimeoutExpired:
         os.killpg(head.pid, signal.SIGKILL)
     os.environ.pop("RAY_ADDRESS", None)
