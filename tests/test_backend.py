@@ -178,3 +178,18 @@ def test_bad_config_values_name_the_field(tiny_llama):
         ArcticRLClientConfig(model_name=str(tiny_llama), sampling_gpus=3, vllm_config={"tensor_parallel_size": 2})
     cfg = ArcticRLClientConfig(model_name=str(tiny_llama), arctic_inference_config={"use_fca": True})
     assert cfg.arctic_inference_config.zorro_inference.enable
+
+
+def test_http_server_refuses_a_taken_port_before_deploying(tiny_llama):
+    """The server takes its port before Ray and the engines start, so a taken port is a ConfigError
+    naming it within seconds (not a server that deploys and then dies at bind)."""
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        t0 = time.time()
+        with pytest.raises(ConfigError, match=f"cannot listen on 127.0.0.1:{port}"):
+            create_arctic_rl_client(make_config(tiny_llama, comm_protocol="http", port=port))
+        assert time.time() - t0 < 60

@@ -56,6 +56,8 @@ class HttpTransport:
                 break
         while not self._alive():
             if self.proc.poll() is not None or time.time() - t0 > config.request_timeout_s:
+                if self.proc.poll() is not None:   # it exited: what it said after "serving" is the reason
+                    tail = (tail + self.proc.stdout.read().splitlines())[-20:]
                 raise ArcticRLError("arctic-rl server did not come up; last output:\n" + "\n".join(tail))
             time.sleep(0.2)
         # Keep draining its output so the server never blocks on a full pipe.

@@ -12,6 +12,7 @@ import hmac
 import inspect
 import json
 import os
+import socket
 import sys
 import threading
 
@@ -122,8 +123,19 @@ def main(argv: list[str]) -> int:
     for key, val in (("host", a.host), ("port", a.port), ("auth_token", a.token)):
         if val is not None:
             data[key] = val
+    config = ArcticRLClientConfig(**data)
+    # Take the port before the deploy (Ray and the engines take tens of seconds): a port that was free
+    # when the caller picked it can be taken meanwhile, by Ray's own workers say, and a port that cannot
+    # be had should fail before anything starts.
+    sock = socket.socket(socket.AF_INET6 if ":" in config.host else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
-        cfg, handle = deploy(ArcticRLClientConfig(**data))
+        sock.bind((config.host, config.port))
+    except OSError as e:
+        print(f"ARCTIC_RL_ERROR ConfigError: cannot listen on {config.host}:{config.port} (port): {e}", flush=True)
+        return 1
+    try:
+        cfg, handle = deploy(config)
     except ArcticRLError as e:
         print(f"ARCTIC_RL_ERROR {type(e).__name__}: {e}", flush=True)
         return 1
@@ -139,7 +151,7 @@ def main(argv: list[str]) -> int:
     print(f"ARCTIC_RL_CONFIG {cfg.to_json()}", flush=True)
     print(f"[arctic-rl] serving job {cfg.job_id} on http://{cfg.host}:{cfg.port}", flush=True)
     server = uvicorn.Server(uvicorn.Config(app, host=cfg.host, port=cfg.port, log_level="warning"))
-    server.run()
+    server.run(sockets=[sock])
     return 0
 
 
