@@ -247,7 +247,6 @@ def _graphed(f):
 
 
 def cuda_main(args) -> None:
-    from arctic_rl.zorro.vllm_cuda import SPLIT_TOKENS
     Sp, Ss, G, D, reps = args.prefix, args.suffix, args.group, args.head_dim, args.reps
     requests = args.groups * G
     print(f"Cascade decode attention on {torch.cuda.get_device_name()} (torch {torch.__version__}, bf16, "
