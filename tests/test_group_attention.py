@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from arctic_rl.zorro import group_attention as ga
-from arctic_rl.zorro.merge import attention_with_lse
+from arctic_rl.zorro.merge import attention_with_lse, merge_attention_states
 from arctic_rl.zorro.vllm_cpu import split_kv_cache
 
 
@@ -100,6 +100,42 @@ def test_contiguous_keys_and_empty_ranges(R, kernel):
         torch.testing.assert_close(out[b:b + 1].double(), ref_o, atol=2e-6, rtol=0)
         torch.testing.assert_close(lse[b:b + 1].double(), ref_l, atol=2e-6, rtol=1e-6)
     assert (out[2] == 0).all() and torch.isneginf(lse[2]).all()
+
+
+@pytest.mark.parametrize("R, paged", [(1, True), (3, False), (16, True), (16, False)])
+def test_initial_state_is_merged(R, paged, kernel):
+    """init=(out, lse) of other keys: the kernel continues that online softmax, which must equal
+    merge_attention_states(init, attention over these keys). Rows with an empty init (lse -inf, out
+    garbage) and rows with no keys (the init comes back) included."""
+    g = torch.Generator().manual_seed(R + 100 * paged)
+    B, K, bs, D = 3, 2, 32, 64
+    q = torch.randn(B, K, R, D, generator=g)
+    o0, l0 = torch.randn(B, K, R, D, generator=g), 3 * torch.randn(B, K, R, generator=g)
+    l0[0, 1] = float("-inf")
+    o0[0, 1] = float("nan")   # never read where lse is -inf
+    starts, ends = torch.tensor([0, 32, 64]), torch.tensor([70, 100, 64])
+    if paged:
+        kc, vc, key, value = vllm_cache(12, K, bs, D, g)
+        table = torch.randperm(12, generator=g)[:12].view(B, 4).to(torch.int32)
+        out, lse = ga.paged_group_attention(q, kc, vc, table, starts, ends, D ** -0.5, key_t_in_block=True,
+                                            init=(o0, l0))
+        ref_o, ref_l = reference(q[:2], key, value, table, bs, starts, ends, D ** -0.5)
+    else:
+        k, v = torch.randn(B, K, 128, D, generator=g), torch.randn(B, K, 128, D, generator=g)
+        out, lse = ga.paged_group_attention(q, k, v, None, starts, ends, D ** -0.5, key_t_in_block=False,
+                                            init=(o0, l0))
+        ref = [attention_with_lse(q[b:b + 1].double(), k[b:b + 1, :, s:e].double(), v[b:b + 1, :, s:e].double(),
+                                  scale=D ** -0.5) for b, s, e in [(0, 0, 70), (1, 32, 100)]]
+        ref_o, ref_l = torch.cat([r[0] for r in ref]), torch.cat([r[1] for r in ref])
+    o0d = torch.where(torch.isneginf(l0)[..., None], 0.0, o0).double()
+    m_o, m_l = merge_attention_states(o0d[:2], l0[:2].double(), ref_o, ref_l)
+    torch.testing.assert_close(out[:2].double(), m_o, atol=2e-6, rtol=0)
+    torch.testing.assert_close(lse[:2].double(), m_l, atol=2e-6, rtol=1e-6)
+    torch.testing.assert_close(out[2], o0[2])
+    torch.testing.assert_close(lse[2], l0[2])
+    with pytest.raises(ValueError, match="init needs fp32 out"):
+        ga.paged_group_attention(q, k if not paged else kc, v if not paged else vc, None if not paged else table,
+                                 starts, ends, 1.0, key_t_in_block=paged, init=(o0[:, :1], l0))
 
 
 @pytest.mark.parametrize("R", [1, 16])

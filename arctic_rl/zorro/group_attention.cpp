@@ -17,6 +17,9 @@
 // [starts[b], ends[b]); a start must be block-aligned and bs a multiple of 16, so a 16-key tile never
 // crosses a block. out (b, h, r, d) at out + ((b*H + h)*R + r)*D + d; lse at (b*H + h)*R + r.
 // Head h of the query reads KV head h (the caller folds GQA into R).
+// init_out / init_lse (optional, laid out as out / lse): attention already done over other keys (a
+// cascade's prefix pass). The online softmax starts from that state instead of from nothing, so
+// out / lse come back as attention over both key sets: merge_attention_states, fused.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -25,6 +28,7 @@
 struct Job {  // mirrored by group_attention.py's ctypes Structure, field for field
   const float *q, *k, *v;
   float *out, *lse;
+  const float *init_out, *init_lse;
   const int32_t* blocks;
   const int64_t *starts, *ends;
   int64_t B, H, R, D, bs, bt_sb;
@@ -95,9 +99,20 @@ void item(const Job& a, int64_t b, int64_t h, int64_t r0, vf* qt, vf* ot) {
       ot[c * D + d] = vf{};
     }
   }
-  const int64_t ks = KT ? 1 : a.k_st, kd = a.k_sd, vs = a.v_st, vd = KT ? 1 : a.v_sd;
   vf m[CH], l[CH];
   for (int c = 0; c < CH; ++c) m[c] = splat(-INFINITY), l[c] = vf{};
+  if (a.init_out) {  // start from the given state: m = lse, l = 1, acc = out (l = 0 where lse is -inf)
+    for (int64_t c = 0; c < nc; ++c) {
+      const int64_t nr = std::min<int64_t>(W, rows - c * W), row0 = (b * a.H + h) * a.R + r0 + c * W;
+      for (int64_t r = 0; r < nr; ++r) {
+        const float li = a.init_lse[row0 + r];
+        m[c][r] = li;
+        l[c][r] = li == -INFINITY ? 0.f : 1.f;
+        for (int64_t d = 0; d < D; ++d) ot[c * D + d][r] = li == -INFINITY ? 0.f : a.init_out[(row0 + r) * D + d];
+      }
+    }
+  }
+  const int64_t ks = KT ? 1 : a.k_st, kd = a.k_sd, vs = a.v_st, vd = KT ? 1 : a.v_sd;
   const int64_t start = a.starts[b], end = a.ends[b];
   for (int64_t t0 = start; t0 < end; t0 += W) {
     const int nt = (int)std::min<int64_t>(W, end - t0);
@@ -169,9 +184,11 @@ void item(const Job& a, int64_t b, int64_t h, int64_t r0, vf* qt, vf* ot) {
     const int64_t nr = std::min<int64_t>(W, rows - c * W);
     float* o = a.out + ((b * a.H + h) * a.R + r0 + c * W) * D;
     float* ls = a.lse + (b * a.H + h) * a.R + r0 + c * W;
-    if (end <= start) {  // no keys: out 0, lse -inf (what merge_attention_states takes as an empty part)
-      for (int64_t x = 0; x < nr * D; ++x) o[x] = 0.f;
-      for (int64_t r = 0; r < nr; ++r) ls[r] = -INFINITY;
+    if (end <= start) {  // no keys: the initial state (or out 0, lse -inf: an empty part to merge)
+      for (int64_t r = 0; r < nr; ++r) {
+        for (int64_t d = 0; d < D; ++d) o[r * D + d] = a.init_out ? a.init_out[(o - a.out) + r * D + d] : 0.f;
+        ls[r] = a.init_out ? a.init_lse[(ls - a.lse) + r] : -INFINITY;
+      }
       continue;
     }
     const vf inv = splat(1.0f) / l[c];
@@ -183,28 +200,75 @@ void item(const Job& a, int64_t b, int64_t h, int64_t r0, vf* qt, vf* ot) {
   }
 }
 
+// Sum of each of 16 vectors, as one vector: lane j = sum over the lanes of x[j]. Pairs are folded
+// in four levels (half of each key's lanes added to the other half), 45 vector ops for 16 keys.
+inline vf sum16(vf* x) {
+  static const vi m1a = {0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23},
+                  m1b = {8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31},
+                  m2a = {0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27},
+                  m2b = {4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31},
+                  m3a = {0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28, 29},
+                  m3b = {2, 3, 6, 7, 10, 11, 14, 15, 18, 19, 22, 23, 26, 27, 30, 31},
+                  m4a = {0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30},
+                  m4b = {1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31};
+  for (int i = 0; i < 8; ++i) x[i] = __builtin_shuffle(x[2 * i], x[2 * i + 1], m1a) + __builtin_shuffle(x[2 * i], x[2 * i + 1], m1b);
+  for (int i = 0; i < 4; ++i) x[i] = __builtin_shuffle(x[2 * i], x[2 * i + 1], m2a) + __builtin_shuffle(x[2 * i], x[2 * i + 1], m2b);
+  for (int i = 0; i < 2; ++i) x[i] = __builtin_shuffle(x[2 * i], x[2 * i + 1], m3a) + __builtin_shuffle(x[2 * i], x[2 * i + 1], m3b);
+  return __builtin_shuffle(x[0], x[1], m4a) + __builtin_shuffle(x[0], x[1], m4b);
+}
+
 // Few rows (a suffix pass of one request, R = H/K): rows in lanes would leave most lanes idle, so
-// put keys in lanes instead, one row at a time. Needs keys contiguous along t (vLLM-CPU's K^T
-// blocks: 16 keys of one dim are one vector load), values contiguous along d, and D % 16 == 0.
-void item_keys_in_lanes(const Job& a, int64_t b, int64_t h, float* qs) {
+// put keys in lanes instead, one row at a time. KT (vLLM-CPU's K^T blocks): 16 keys of one dim are
+// one vector load. Row-major keys (a contiguous cache): 16 dot products, then sum16. Values
+// contiguous along d; D % 16 == 0.
+template <bool KT, bool PF_FEW = KT>
+void item_few(const Job& a, int64_t b, int64_t h, float* qs) {
   const int64_t D = a.D, nv = D / W, start = a.starts[b], end = a.ends[b];
+  std::vector<vf> ov(nv);
   for (int64_t r = 0; r < a.R; ++r) {
+    const int64_t row = (b * a.H + h) * a.R + r;
     const float* q = a.q + b * a.q_sb + h * a.q_sh + r * a.q_sr;
     for (int64_t d = 0; d < D; ++d) qs[d] = q[d] * a.scale;
-    std::vector<vf> ov(nv, vf{});
     float m = -INFINITY, l = 0.f;
+    for (int64_t c = 0; c < nv; ++c) ov[c] = vf{};
+    if (a.init_out && a.init_lse[row] != -INFINITY) {  // start from the given state (see Job)
+      m = a.init_lse[row], l = 1.f;
+      for (int64_t c = 0; c < nv; ++c) __builtin_memcpy(&ov[c], a.init_out + row * D + c * W, sizeof(vf));
+    }
     for (int64_t t0 = start; t0 < end; t0 += W) {
       const int nt = (int)std::min<int64_t>(W, end - t0);
-      const float* kt = tile(a, b, h, a.k, a.k_sblk, a.k_sh, a.k_st, t0);  // (j, d) at kt[j + d * k_sd]
+      const float* kt = tile(a, b, h, a.k, a.k_sblk, a.k_sh, a.k_st, t0);
       const float* vt = tile(a, b, h, a.v, a.v_sblk, a.v_sh, a.v_st, t0);  // (j, d) at vt[j * v_st + d]
-      vf s4[4] = {vf{}, vf{}, vf{}, vf{}};  // four chains over d (FMA latency)
-      for (int64_t d = 0; d < D; d += 4)
-        for (int c = 0; c < 4; ++c) {
-          vf kv;
-          __builtin_memcpy(&kv, kt + (d + c) * a.k_sd, sizeof(vf));  // lanes past nt: other slots of the block
-          s4[c] += splat(qs[d + c]) * kv;
+      if (PF_FEW && t0 + PF * W < end) {  // the tile PF ahead into L1, one line per dim of K^T / key row of V
+        const float* pk = tile(a, b, h, a.k, a.k_sblk, a.k_sh, a.k_st, t0 + PF * W);
+        const float* pv = tile(a, b, h, a.v, a.v_sblk, a.v_sh, a.v_st, t0 + PF * W);
+        for (int64_t x = 0; x < W * nv; ++x) {
+          __builtin_prefetch(pk + x * a.k_sd, 0, 3);
+          __builtin_prefetch(pv + (x / nv) * a.v_st + (x % nv) * W, 0, 3);
         }
-      vf sv = (s4[0] + s4[1]) + (s4[2] + s4[3]);
+      }
+      vf sv;
+      if constexpr (KT) {  // (j, d) at kt[j + d * k_sd]
+        vf s4[4] = {vf{}, vf{}, vf{}, vf{}};  // four chains over d (FMA latency)
+        for (int64_t d = 0; d < D; d += 4)
+          for (int c = 0; c < 4; ++c) {
+            vf kv;
+            __builtin_memcpy(&kv, kt + (d + c) * a.k_sd, sizeof(vf));  // lanes past nt: other slots of the block
+            s4[c] += splat(qs[d + c]) * kv;
+          }
+        sv = (s4[0] + s4[1]) + (s4[2] + s4[3]);
+      } else {  // (j, d) at kt[j * k_st + d]; keys past nt are not read
+        vf acc[W];
+        for (int j = 0; j < W; ++j) acc[j] = vf{};
+        for (int j = 0; j < nt; ++j)  // key by key: sequential reads, which the hardware prefetcher follows
+          for (int64_t c = 0; c < nv; ++c) {
+            vf kv, qc;
+            __builtin_memcpy(&qc, qs + c * W, sizeof(vf));
+            __builtin_memcpy(&kv, kt + j * a.k_st + c * W, sizeof(vf));
+            acc[j] += qc * kv;
+          }
+        sv = sum16(acc);
+      }
       float mt = -INFINITY;
       for (int j = 0; j < nt; ++j) mt = std::max(mt, sv[j]);
       const float mn = std::max(m, mt), alpha = std::exp(m - mn);
@@ -224,13 +288,13 @@ void item_keys_in_lanes(const Job& a, int64_t b, int64_t h, float* qs) {
         }
       }
     }
-    float* o = a.out + ((b * a.H + h) * a.R + r) * D;
-    const float inv = end > start ? 1.f / l : 0.f;
+    float* o = a.out + row * D;
+    const float inv = l > 0.f ? 1.f / l : 0.f;
     for (int64_t c = 0; c < nv; ++c) {
       const vf x = ov[c] * splat(inv);
       __builtin_memcpy(o + c * W, &x, sizeof(vf));
     }
-    a.lse[(b * a.H + h) * a.R + r] = end > start ? m + std::log(l) : -INFINITY;
+    a.lse[row] = l > 0.f ? m + std::log(l) : -INFINITY;
   }
 }
 
@@ -242,15 +306,30 @@ extern "C" int zorro_group_attention(const Job* job, int threads) {
   if (a.blocks && (a.bs < W || a.bs % W)) return 2;
   for (int64_t b = 0; b < a.B; ++b)
     if (a.starts[b] < 0 || a.ends[b] < a.starts[b] || (a.blocks && a.starts[b] % a.bs)) return 3;
-  // Up to 4 rows: keys in lanes, where the layout allows (see item_keys_in_lanes); else rows in lanes.
-  // (paged only: a partial tile loads 16 slots of its block, which a contiguous tensor may not have)
-  const bool few = a.R <= 4 && a.blocks && a.k_st == 1 && a.v_sd == 1 && a.D % W == 0;
-  if (few) {
+  // Up to 4 rows: keys in lanes, where the layout allows (see item_few); else rows in lanes.
+  // (K^T only when paged: a partial tile loads 16 slots of its block, which a contiguous tensor may not have)
+  const bool kt_few = a.blocks && a.k_st == 1, rm_few = a.k_sd == 1;
+  if (a.R <= 4 && a.v_sd == 1 && a.D % W == 0 && (kt_few || rm_few)) {
+    // Equal key ranges (the op's suffixes): each thread one contiguous run of items, streamed
+    // (measured 10% faster); unequal ones (vLLM's requests) are balanced dynamically.
+    bool equal = true;
+    for (int64_t b = 1; b < a.B; ++b) equal = equal && a.ends[b] - a.starts[b] == a.ends[0] - a.starts[0];
 #pragma omp parallel num_threads(threads)
     {
       std::vector<float> qs(a.D);
+      auto run = [&](int64_t i) {
+        if (kt_few)
+          item_few<true>(a, i / a.H, i % a.H, qs.data());
+        else
+          item_few<false>(a, i / a.H, i % a.H, qs.data());
+      };
+      if (equal) {
+#pragma omp for schedule(static)
+        for (int64_t i = 0; i < a.B * a.H; ++i) run(i);
+      } else {
 #pragma omp for schedule(dynamic, 4)
-      for (int64_t i = 0; i < a.B * a.H; ++i) item_keys_in_lanes(a, i / a.H, i % a.H, qs.data());
+        for (int64_t i = 0; i < a.B * a.H; ++i) run(i);
+      }
     }
     return 0;
   }

@@ -31,7 +31,8 @@ LANES = 16  # W in group_attention.cpp: rows per register, keys per tile
 
 
 class _Job(ctypes.Structure):
-    _fields_ = ([(n, ctypes.c_void_p) for n in ("q", "k", "v", "out", "lse", "blocks", "starts", "ends")]
+    _fields_ = ([(n, ctypes.c_void_p) for n in ("q", "k", "v", "out", "lse", "init_out", "init_lse", "blocks",
+                                                          "starts", "ends")]
                 + [(n, ctypes.c_int64) for n in ("B", "H", "R", "D", "bs", "bt_sb", "q_sb", "q_sh", "q_sr", "k_sblk",
                                                  "k_sh", "k_st", "k_sd", "v_sblk", "v_sh", "v_st", "v_sd")]
                 + [("scale", ctypes.c_float)])
@@ -81,7 +82,8 @@ def load() -> ctypes.CDLL | None:
 
 def paged_group_attention(q: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
                           block_table: torch.Tensor | None, starts: torch.Tensor, ends: torch.Tensor, scale: float, *,
-                          key_t_in_block: bool) -> tuple[torch.Tensor, torch.Tensor]:
+                          key_t_in_block: bool, init: tuple[torch.Tensor, torch.Tensor] | None = None
+                          ) -> tuple[torch.Tensor, torch.Tensor]:
     """Row b of q [B, H, R, D] (head h reads KV head h) attends, without a mask, to its keys
     starts[b] <= t < ends[b] -> (out [B, H, R, D], lse [B, H, R]); a row with no keys gets out 0,
     lse -inf. Call only where load() is not None.
@@ -90,7 +92,10 @@ def paged_group_attention(q: torch.Tensor, key_cache: torch.Tensor, value_cache:
     key_cache / value_cache [num_blocks, H, bs, D] (views with any strides, d contiguous);
     key_t_in_block: each block stores its keys as K^T [D, bs], as vLLM-CPU's "vec" layout does (the
     view's shape is then nominal). block_table None: the caches are [B, H, S, D], row b's own keys.
-    starts must be multiples of bs, and bs of 16."""
+    starts must be multiples of bs, and bs of 16.
+
+    init (out [B, H, R, D], lse [B, H, R]): attention of the same rows over other keys (a cascade's
+    prefix pass); the result is then attention over both key sets, the merge done in the kernel."""
     dll = load()
     B, H, R, D = q.shape
     nb, Hk, bs, Dk = key_cache.shape
@@ -100,6 +105,12 @@ def paged_group_attention(q: torch.Tensor, key_cache: torch.Tensor, value_cache:
                          f"key_cache {list(key_cache.shape)} {key_cache.dtype}, value_cache {list(value_cache.shape)}")
     if q.stride(-1) != 1 or value_cache.stride(-1) != 1 or key_cache.stride(-1) != 1:
         raise ValueError("paged_group_attention: the last dimension of q and the caches must be contiguous")
+    if init is not None:
+        o0, l0 = init
+        if o0.shape != q.shape or l0.shape != q.shape[:3] or o0.dtype != torch.float32 or l0.dtype != torch.float32:
+            raise ValueError(f"paged_group_attention: init needs fp32 out {list(q.shape)} and lse {list(q.shape[:3])}; "
+                             f"got {list(o0.shape)} {o0.dtype} and {list(l0.shape)} {l0.dtype}")
+        init = (o0.contiguous(), l0.contiguous())
     out = torch.empty(B, H, R, D)
     lse = torch.empty(B, H, R)
     starts = starts.to(torch.int64).contiguous()
@@ -108,6 +119,7 @@ def paged_group_attention(q: torch.Tensor, key_cache: torch.Tensor, value_cache:
         block_table = block_table.to(torch.int32).contiguous()
     k_st, k_sd = (1, bs) if key_t_in_block else (key_cache.stride(2), 1)
     job = _Job(q.data_ptr(), key_cache.data_ptr(), value_cache.data_ptr(), out.data_ptr(), lse.data_ptr(),
+               init[0].data_ptr() if init is not None else None, init[1].data_ptr() if init is not None else None,
                block_table.data_ptr() if block_table is not None else None, starts.data_ptr(), ends.data_ptr(),
                B, H, R, D, bs if block_table is not None else 0,
                block_table.stride(0) if block_table is not None else 0, q.stride(0), q.stride(1), q.stride(2),

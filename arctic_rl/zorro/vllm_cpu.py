@@ -120,7 +120,7 @@ def _cascade_in_place(query: torch.Tensor, key_cache: torch.Tensor, value_cache:
     """The same cascade through ZoRRo's CPU kernel, which reads the blocks where they are (no gathers):
     one call per group over its prefix blocks (its G x H/K queries in the lanes of one register per KV
     head), one call for every request's suffix (each past its group's prefix; the whole sequence for
-    requests in no group), then one merge."""
+    requests in no group), continuing from the prefix's softmax state (the merge, in the kernel)."""
     Q, H, D = query.shape
     K = key_cache.shape[1]
     rep = H // K
@@ -145,8 +145,8 @@ def _cascade_in_place(query: torch.Tensor, key_cache: torch.Tensor, value_cache:
         l_p[rows] = l[0].view(K, G, rep).transpose(0, 1)
         for r in rows:
             starts[r] = P
-    o_s, l_s = paged_group_attention(q, key_cache, value_cache, block_table, torch.tensor(starts),
-                                     torch.tensor(lens), scale, key_t_in_block=True)
-    if seen:
-        o_s = merge_attention_states(o_p, l_p, o_s, l_s)[0]
+    # the suffix pass starts each row's online softmax from its prefix result (lse -inf: none), so
+    # the merge happens in the kernel
+    o_s, _ = paged_group_attention(q, key_cache, value_cache, block_table, torch.tensor(starts),
+                                   torch.tensor(lens), scale, key_t_in_block=True, init=(o_p, l_p) if seen else None)
     return o_s.reshape(Q, H, D)
