@@ -76,7 +76,17 @@ def op_level(G, Sp, Ss, H, K, D, reps, seed=0):
     def cascade():
         return shared_prefix_attention(q, kp_h, vp_h, ks_h, vs_h)
     err = (standard() - cascade()).abs().max().item()
-    return best_ms({"standard": standard, "cascade": cascade}, reps), err
+    t = best_ms({"standard": standard, "cascade": cascade}, reps)
+    kv_bytes = 2 * K * D * 4   # one token's keys and values
+    t["std_GBps"] = G * (Sp + Ss) * kv_bytes / t["standard"] / 1e6
+    t["casc_GBps"] = (Sp + G * Ss) * kv_bytes / t["cascade"] / 1e6
+    return t, err
+
+
+def gbps(t) -> str:
+    """KV read rate of each side: the KV-read limit assumes both read at the same rate, so a ratio
+    above it means the cascade streams memory faster than the standard kernel does."""
+    return f"  {t['std_GBps']:5.1f} / {t['casc_GBps']:5.1f} GB/s"
 
 
 def paged_inputs(G, Sp, Ss, H, K, D, seed=0):
@@ -325,11 +335,11 @@ def main() -> None:
     print(f"Cascade decode attention (load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores, "
           f"{torch.get_num_threads()} threads, fp32, head dim {D}, block {BLOCK})")
     print(f"main point: prefix {Sp}, suffix {Ss}, G {G}; KV-read limit {limit(G, Sp, Ss):.2f}x")
-    print(HEADER)
+    print(HEADER + "  KV read, std / cascade")
     summary = vllm_summary = None
     for H, K in tqdm([(16, 16), (32, 8)], desc="main point", leave=False):
         t, err = op_level(G, Sp, Ss, H, K, D, reps)
-        tqdm.write(row(f"op     heads {H}/{K}", G, Sp, Ss, t, err))
+        tqdm.write(row(f"op     heads {H}/{K}", G, Sp, Ss, t, err) + gbps(t))
         if (H, K) == (16, 16):
             summary = t["standard"] / t["cascade"]
         t, err = paged_level(G, Sp, Ss, H, K, D, reps)
@@ -346,13 +356,13 @@ def main() -> None:
     png = None
     if not args.quick:
         print("sweep (op level, heads 16/16):")
-        print(HEADER)
+        print(HEADER + "  KV read, std / cascade")
         points = [(g, Sp) for g in (2, 4, 8, 32)] + [(G, p) for p in (512, 1024, 4096)]
         ratios = {(G, Sp): summary}
         vllm_ratios = {(G, Sp): vllm_summary} if vllm_summary else {}
         for g, p in tqdm(points, desc="sweep", leave=False):
             t, err = op_level(g, p, Ss, 16, 16, D, max(3, reps // 2))
-            tqdm.write(row(f"G {g:3d}  prefix {p:5d}", g, p, Ss, t, err))
+            tqdm.write(row(f"G {g:3d}  prefix {p:5d}", g, p, Ss, t, err) + gbps(t))
             ratios[(g, p)] = t["standard"] / t["cascade"]
             if vllm_summary:
                 t, err = vllm_level(g, p, Ss, 16, 16, D, max(3, reps // 2))

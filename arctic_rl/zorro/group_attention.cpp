@@ -217,36 +217,43 @@ inline vf sum16(vf* x) {
   return __builtin_shuffle(x[0], x[1], m4a) + __builtin_shuffle(x[0], x[1], m4b);
 }
 
-// Few rows (a suffix pass of one request, R = H/K): rows in lanes would leave most lanes idle, so
-// put keys in lanes instead, one row at a time. KT (vLLM-CPU's K^T blocks): 16 keys of one dim are
-// one vector load. Row-major keys (a contiguous cache): 16 dot products, then sum16. Values
-// contiguous along d; D % 16 == 0.
+// Few rows (a suffix pass of one request, R = H/K; a prefix pass of a small group): rows in lanes
+// would leave most lanes idle, so put keys in lanes instead. All rows (up to FEW) take each key tile
+// while it is in L1, so the keys are streamed once, not once per row. KT (vLLM-CPU's K^T blocks): 16
+// keys of one dim are one vector load. Row-major keys (a contiguous cache): 16 dot products, then
+// sum16. Values contiguous along d; D % 16 == 0.
+constexpr int FEW = 4;
+
 template <bool KT, bool PF_FEW = KT>
-void item_few(const Job& a, int64_t b, int64_t h, float* qs) {
-  const int64_t D = a.D, nv = D / W, start = a.starts[b], end = a.ends[b];
-  std::vector<vf> ov(nv);
-  for (int64_t r = 0; r < a.R; ++r) {
-    const int64_t row = (b * a.H + h) * a.R + r;
+void item_few(const Job& a, int64_t b, int64_t h, float* qs, vf* ov) {
+  const int64_t D = a.D, nv = D / W, start = a.starts[b], end = a.ends[b], R = a.R;
+  float m[FEW], l[FEW];
+  for (int64_t r = 0; r < R; ++r) {  // qs[r]: the row, pre-scaled; state from nothing or from init
+    const int64_t row = (b * a.H + h) * R + r;
     const float* q = a.q + b * a.q_sb + h * a.q_sh + r * a.q_sr;
-    for (int64_t d = 0; d < D; ++d) qs[d] = q[d] * a.scale;
-    float m = -INFINITY, l = 0.f;
-    for (int64_t c = 0; c < nv; ++c) ov[c] = vf{};
+    for (int64_t d = 0; d < D; ++d) qs[r * D + d] = q[d] * a.scale;
+    m[r] = -INFINITY, l[r] = 0.f;
+    for (int64_t c = 0; c < nv; ++c) ov[r * nv + c] = vf{};
     if (a.init_out && a.init_lse[row] != -INFINITY) {  // start from the given state (see Job)
-      m = a.init_lse[row], l = 1.f;
-      for (int64_t c = 0; c < nv; ++c) __builtin_memcpy(&ov[c], a.init_out + row * D + c * W, sizeof(vf));
+      m[r] = a.init_lse[row], l[r] = 1.f;
+      for (int64_t c = 0; c < nv; ++c) __builtin_memcpy(&ov[r * nv + c], a.init_out + row * D + c * W, sizeof(vf));
     }
-    for (int64_t t0 = start; t0 < end; t0 += W) {
-      const int nt = (int)std::min<int64_t>(W, end - t0);
-      const float* kt = tile(a, b, h, a.k, a.k_sblk, a.k_sh, a.k_st, t0);
-      const float* vt = tile(a, b, h, a.v, a.v_sblk, a.v_sh, a.v_st, t0);  // (j, d) at vt[j * v_st + d]
-      if (PF_FEW && t0 + PF * W < end) {  // the tile PF ahead into L1, one line per dim of K^T / key row of V
-        const float* pk = tile(a, b, h, a.k, a.k_sblk, a.k_sh, a.k_st, t0 + PF * W);
-        const float* pv = tile(a, b, h, a.v, a.v_sblk, a.v_sh, a.v_st, t0 + PF * W);
-        for (int64_t x = 0; x < W * nv; ++x) {
-          __builtin_prefetch(pk + x * a.k_sd, 0, 3);
-          __builtin_prefetch(pv + (x / nv) * a.v_st + (x % nv) * W, 0, 3);
-        }
+  }
+  for (int64_t t0 = start; t0 < end; t0 += W) {
+    const int nt = (int)std::min<int64_t>(W, end - t0);
+    const float* kt = tile(a, b, h, a.k, a.k_sblk, a.k_sh, a.k_st, t0);
+    const float* vt = tile(a, b, h, a.v, a.v_sblk, a.v_sh, a.v_st, t0);  // (j, d) at vt[j * v_st + d]
+    if (PF_FEW && t0 + PF * W < end) {  // the tile PF ahead into L1, one line per dim of K^T / key row of V
+      const float* pk = tile(a, b, h, a.k, a.k_sblk, a.k_sh, a.k_st, t0 + PF * W);
+      const float* pv = tile(a, b, h, a.v, a.v_sblk, a.v_sh, a.v_st, t0 + PF * W);
+      for (int64_t x = 0; x < W * nv; ++x) {
+        __builtin_prefetch(pk + x * a.k_sd, 0, 3);
+        __builtin_prefetch(pv + (x / nv) * a.v_st + (x % nv) * W, 0, 3);
       }
+    }
+    for (int64_t r = 0; r < R; ++r) {
+      const float* qr = qs + r * D;
+      vf* o = ov + r * nv;
       vf sv;
       if constexpr (KT) {  // (j, d) at kt[j + d * k_sd]
         vf s4[4] = {vf{}, vf{}, vf{}, vf{}};  // four chains over d (FMA latency)
@@ -254,7 +261,7 @@ void item_few(const Job& a, int64_t b, int64_t h, float* qs) {
           for (int c = 0; c < 4; ++c) {
             vf kv;
             __builtin_memcpy(&kv, kt + (d + c) * a.k_sd, sizeof(vf));  // lanes past nt: other slots of the block
-            s4[c] += splat(qs[d + c]) * kv;
+            s4[c] += splat(qr[d + c]) * kv;
           }
         sv = (s4[0] + s4[1]) + (s4[2] + s4[3]);
       } else {  // (j, d) at kt[j * k_st + d]; keys past nt are not read
@@ -263,7 +270,7 @@ void item_few(const Job& a, int64_t b, int64_t h, float* qs) {
         for (int j = 0; j < nt; ++j)  // key by key: sequential reads, which the hardware prefetcher follows
           for (int64_t c = 0; c < nv; ++c) {
             vf kv, qc;
-            __builtin_memcpy(&qc, qs + c * W, sizeof(vf));
+            __builtin_memcpy(&qc, qr + c * W, sizeof(vf));
             __builtin_memcpy(&kv, kt + j * a.k_st + c * W, sizeof(vf));
             acc[j] += qc * kv;
           }
@@ -271,30 +278,33 @@ void item_few(const Job& a, int64_t b, int64_t h, float* qs) {
       }
       float mt = -INFINITY;
       for (int j = 0; j < nt; ++j) mt = std::max(mt, sv[j]);
-      const float mn = std::max(m, mt), alpha = std::exp(m - mn);
+      const float mn = std::max(m[r], mt), alpha = std::exp(m[r] - mn);
       for (int j = nt; j < W; ++j) sv[j] = -INFINITY;
       const vf p = vexp(sv - splat(mn));
       float sum = 0.f;
       for (int j = 0; j < nt; ++j) sum += p[j];
-      l = l * alpha + sum;
-      m = mn;
-      for (int64_t c = 0; c < nv; ++c) ov[c] *= splat(alpha);
+      l[r] = l[r] * alpha + sum;
+      m[r] = mn;
+      for (int64_t c = 0; c < nv; ++c) o[c] *= splat(alpha);
       for (int j = 0; j < nt; ++j) {
         const vf pj = splat(p[j]);
         for (int64_t c = 0; c < nv; ++c) {
           vf vv;
           __builtin_memcpy(&vv, vt + j * a.v_st + c * W, sizeof(vf));
-          ov[c] += pj * vv;
+          o[c] += pj * vv;
         }
       }
     }
+  }
+  for (int64_t r = 0; r < R; ++r) {
+    const int64_t row = (b * a.H + h) * R + r;
     float* o = a.out + row * D;
-    const float inv = l > 0.f ? 1.f / l : 0.f;
+    const float inv = l[r] > 0.f ? 1.f / l[r] : 0.f;
     for (int64_t c = 0; c < nv; ++c) {
-      const vf x = ov[c] * splat(inv);
+      const vf x = ov[r * nv + c] * splat(inv);
       __builtin_memcpy(o + c * W, &x, sizeof(vf));
     }
-    a.lse[row] = l > 0.f ? m + std::log(l) : -INFINITY;
+    a.lse[row] = l[r] > 0.f ? m[r] + std::log(l[r]) : -INFINITY;
   }
 }
 
@@ -309,19 +319,20 @@ extern "C" int zorro_group_attention(const Job* job, int threads) {
   // Up to 4 rows: keys in lanes, where the layout allows (see item_few); else rows in lanes.
   // (K^T only when paged: a partial tile loads 16 slots of its block, which a contiguous tensor may not have)
   const bool kt_few = a.blocks && a.k_st == 1, rm_few = a.k_sd == 1;
-  if (a.R <= 4 && a.v_sd == 1 && a.D % W == 0 && (kt_few || rm_few)) {
+  if (a.R <= FEW && a.v_sd == 1 && a.D % W == 0 && (kt_few || rm_few)) {
     // Equal key ranges (the op's suffixes): each thread one contiguous run of items, streamed
     // (measured 10% faster); unequal ones (vLLM's requests) are balanced dynamically.
     bool equal = true;
     for (int64_t b = 1; b < a.B; ++b) equal = equal && a.ends[b] - a.starts[b] == a.ends[0] - a.starts[0];
 #pragma omp parallel num_threads(threads)
     {
-      std::vector<float> qs(a.D);
+      std::vector<float> qs(FEW * a.D);
+      std::vector<vf> ov(FEW * a.D / W);
       auto run = [&](int64_t i) {
         if (kt_few)
-          item_few<true>(a, i / a.H, i % a.H, qs.data());
+          item_few<true>(a, i / a.H, i % a.H, qs.data(), ov.data());
         else
-          item_few<false>(a, i / a.H, i % a.H, qs.data());
+          item_few<false>(a, i / a.H, i % a.H, qs.data(), ov.data());
       };
       if (equal) {
 #pragma omp for schedule(static)

@@ -6,16 +6,16 @@ keeps one tensor per layer, kv_cache [num_blocks, K, block_size, 2 * D]. Viewed 
 blocks hold K^T ([D, block_size] per block and head) and value blocks hold V ([block_size, D]).
 `cascade_decode_vllm_cpu` reads that layout in place through ZoRRo's CPU kernel
 (`arctic_rl.zorro.group_attention`, compiled on first use): one pass over each group's prefix blocks
-with its G x H/K queries in the lanes of a vector register per KV head, one pass over every request's
-suffix blocks, merged by log-sum-exp. Without a compiler (or for bf16 caches) it falls back to block
-gathers and two batched matmuls per pass.
+with its G x H/K queries in the lanes of a vector register per KV head, then one pass over every request's
+suffix blocks that continues each row's softmax from its prefix result (the merge, fused). Without a
+compiler (or for bf16 caches) it falls back to block gathers, two batched matmuls per pass and
+merge_attention_states.
 
 Measured on this machine (see docs/zorro.md): requests that share prefix blocks share their memory,
 so vLLM's own CPU decode kernel re-reads the prefix from L3 and the CPU cache already dedups most
-reads (7.0 ms at prefix 2048, suffix 64, G 16, 16/16 heads; 25 ms with a private prefix copy per
-request). The in-place cascade takes 4.0-4.5 ms there (1.6-1.8x; 1.04-1.13x at 32/8 heads; 0.8-0.95x
-for G 2-4 or 512-token prefixes); the gather fallback takes 12 ms (0.6x). ZoRRo Inference stays off by
-default on CPU; enabled, the vLLM-CPU backend in
+reads (6.7-8.2 ms at prefix 2048, suffix 64, G 16, 16/16 heads; 22-24 ms with a private prefix copy per
+request). The in-place cascade takes 3.1-3.4 ms there (2.0-2.5x; 1.15-1.48x at 32/8 heads; a tie,
+0.92-1.24x, at G 2 or 512-token prefixes). ZoRRo Inference is opt-in; enabled, the vLLM-CPU backend in
 `arctic_rl.zorro.vllm_backend` runs this function for decode batches. The CUDA backend is
 `arctic_rl.zorro.vllm_cuda`.
 
