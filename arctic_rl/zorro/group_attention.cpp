@@ -186,8 +186,9 @@ void item(const Job& a, int64_t b, int64_t h, int64_t r0, vf* qt, vf* ot) {
     float* ls = a.lse + (b * a.H + h) * a.R + r0 + c * W;
     if (end <= start) {  // no keys: the initial state (or out 0, lse -inf: an empty part to merge)
       for (int64_t r = 0; r < nr; ++r) {
-        for (int64_t d = 0; d < D; ++d) o[r * D + d] = a.init_out ? a.init_out[(o - a.out) + r * D + d] : 0.f;
         ls[r] = a.init_out ? a.init_lse[(ls - a.lse) + r] : -INFINITY;
+        const bool given = ls[r] != -INFINITY;
+        for (int64_t d = 0; d < D; ++d) o[r * D + d] = given ? a.init_out[(o - a.out) + r * D + d] : 0.f;
       }
       continue;
     }
