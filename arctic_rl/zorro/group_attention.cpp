@@ -225,7 +225,7 @@ inline vf sum16(vf* x) {
 // sum16. Values contiguous along d; D % 16 == 0.
 constexpr int FEW = 4;
 
-template <bool KT, bool PF_FEW = KT>
+template <bool KT>
 void item_few(const Job& a, int64_t b, int64_t h, float* qs, vf* ov) {
   const int64_t D = a.D, nv = D / W, start = a.starts[b], end = a.ends[b], R = a.R;
   float m[FEW], l[FEW];
@@ -244,7 +244,9 @@ void item_few(const Job& a, int64_t b, int64_t h, float* qs, vf* ov) {
     const int nt = (int)std::min<int64_t>(W, end - t0);
     const float* kt = tile(a, b, h, a.k, a.k_sblk, a.k_sh, a.k_st, t0);
     const float* vt = tile(a, b, h, a.v, a.v_sblk, a.v_sh, a.v_st, t0);  // (j, d) at vt[j * v_st + d]
-    if (PF_FEW && t0 + PF * W < end) {  // the tile PF ahead into L1, one line per dim of K^T / key row of V
+    // K^T blocks: the tile PF ahead into L1, one line per dim of K^T / key row of V. Row-major keys are
+    // read sequentially, which the hardware prefetcher follows (software prefetch measured slower there).
+    if (KT && t0 + PF * W < end) {
       const float* pk = tile(a, b, h, a.k, a.k_sblk, a.k_sh, a.k_st, t0 + PF * W);
       const float* pv = tile(a, b, h, a.v, a.v_sblk, a.v_sh, a.v_st, t0 + PF * W);
       for (int64_t x = 0; x < W * nv; ++x) {

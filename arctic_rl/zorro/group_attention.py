@@ -31,8 +31,8 @@ LANES = 16  # W in group_attention.cpp: rows per register, keys per tile
 
 
 class _Job(ctypes.Structure):
-    _fields_ = ([(n, ctypes.c_void_p) for n in ("q", "k", "v", "out", "lse", "init_out", "init_lse", "blocks",
-                                                          "starts", "ends")]
+    _fields_ = ([(n, ctypes.c_void_p)
+                 for n in ("q", "k", "v", "out", "lse", "init_out", "init_lse", "blocks", "starts", "ends")]
                 + [(n, ctypes.c_int64) for n in ("B", "H", "R", "D", "bs", "bt_sb", "q_sb", "q_sh", "q_sr", "k_sblk",
                                                  "k_sh", "k_st", "k_sd", "v_sblk", "v_sh", "v_st", "v_sd")]
                 + [("scale", ctypes.c_float)])
