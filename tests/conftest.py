@@ -34,7 +34,8 @@ def ray_cluster(tmp_path_factory):
 
     state = tmp_path_factory.mktemp("arctic-state")
     os.environ["ARCTIC_RL_STATE_DIR"] = str(state)
-    port = "6391"
+    # Another checkout testing on the same machine sets its own port (ARCTIC_RL_TEST_RAY_PORT).
+    port = os.environ.get("ARCTIC_RL_TEST_RAY_PORT", "6391")
     # `ray start --block` in its own session: teardown stops exactly this cluster (`ray stop` would
     # kill every Ray on the machine, other people's included).
     head = subprocess.Popen([RAY, "start", "--head", "--block", f"--port={port}", "--num-cpus=2",
