@@ -24,8 +24,7 @@ from mlflow.tracking import MlflowClient
 from jobs import slurm
 
 REPO = Path(__file__).resolve().parent.parent
-COMMAND = os.environ.get("ARCTIC_RL_JOBS_TEST_COMMAND", f"{sys.executable} -m jobs.smoke")
-CONFIG = os.environ.get("ARCTIC_RL_JOBS_TEST_CONFIG", "-")
+SMOKE = f"{sys.executable} -m jobs.smoke -"
 RAY_ARGS = "--ray-args=--object-store-memory=100000000"
 JOB_TIMEOUT_S = 420
 
