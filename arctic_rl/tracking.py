@@ -206,6 +206,10 @@ class Tracker:
         for i in range(0, len(items), _MAX_METRICS_PER_BATCH):
             self._client.log_batch(self.run_id, metrics=items[i : i + _MAX_METRICS_PER_BATCH])
 
+    def logged_steps(self, key: str) -> set[int]:
+        """The steps at which `key` was logged in this run."""
+        return {m.step for m in self._client.get_metric_history(self.run_id, key)}
+
     def log_artifact(self, path: str | os.PathLike, artifact_path: str | None = None) -> None:
         if not Path(path).exists():
             raise FileNotFoundError(f"log_artifact: path={str(path)!r} does not exist")
