@@ -201,14 +201,6 @@ def open_tracker(cfg: RunConfig, run_id: str | None) -> tracking.Tracker:
                                   tags=tags, params=cfg.model_dump(by_alias=True, mode="json"))
 
 
-def placement_tags(health: dict) -> dict[str, str]:
-    """Where each engine runs, as MLflow tags: `engine_hosts` (the distinct hosts) and `placement`
-    (`training[0]=host,...`), so a multi-node run shows that its engines span the nodes."""
-    hosts = {name: info.get("host", "?") for name, info in health.get("engines", {}).items()}
-    return {"engine_hosts": ",".join(sorted(set(hosts.values()))),
-            "placement": ",".join(f"{name}={host}" for name, host in sorted(hosts.items()))}
-
-
 # -- one step ------------------------------------------------------------------------------------------------
 def compute_advantages(cfg: RunConfig, scores_B: torch.Tensor, uids: list) -> torch.Tensor:
     est = cfg.advantage.estimator
@@ -361,7 +353,7 @@ def run(cfg: RunConfig, client: ArcticRLClient | None = None, *, stop_after: int
     state = load_checkpoint(client, resume) if resume else LoopState()
     tracker = open_tracker(cfg, state.run_id)
     state.run_id = tracker.run_id
-    tracker.set_tags(placement_tags(client.health()))
+    tracker.set_tags(tracking.placement_tags(client.health()))
     flush_metrics(tracker, state)
     last = min(cfg.train.steps, stop_after or cfg.train.steps)
 

@@ -337,7 +337,11 @@ def ignore_usr2() -> None:
 
 def command_env(cfg: BootstrapConfig, address: str) -> dict[str, str]:
     """What the recipe command needs: the Ray address, plus facts for its MLflow tags and resume."""
-    env = {**os.environ, **ray_auth_env(cfg), "RAY_ADDRESS": address, "ARCTIC_RL_NODES": str(cfg.num_nodes)}
+    ray_env = {**ray_auth_env(cfg), "RAY_ADDRESS": address}
+    env = {**os.environ, **ray_env, "ARCTIC_RL_NODES": str(cfg.num_nodes)}
+    # The job's Ray, kept for arctic-rl's server where a framework points RAY_ADDRESS at a Ray of its own
+    # (SkyRL runs its own Ray version: the server it starts over HTTP still joins the job's cluster).
+    env["ARCTIC_RL_RAY_ENV"] = json.dumps(ray_env)
     env["ARCTIC_RL_JOB_DIR"] = str(cfg.job_dir)
     env["ARCTIC_RL_RESUME_KEY"] = str(cfg.job_dir)
     if cfg.num_gpus is not None:
