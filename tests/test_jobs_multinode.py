@@ -144,8 +144,12 @@ def test_submitit_two_nodes_preempted_resumes_each_step_once(cluster, store: Mlf
         time.sleep(2)
     subprocess.run(["scontrol", "requeue", job_id], check=True)
     # Slurm holds a requeued job (BeginTime ~2 min ahead); release it now to keep the test short.
-    wait_state(job_id, {"PENDING", "REQUEUED", "RUNNING"}, 120)
-    subprocess.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"], check=False)
+    deadline = time.monotonic() + 120
+    while "JobState=PENDING" not in subprocess.run(["scontrol", "show", "job", job_id], capture_output=True,
+                                                  text=True).stdout:
+        assert time.monotonic() < deadline, "the requeued job never became PENDING"
+        time.sleep(1)
+    subprocess.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"], check=True)
     state = wait_state(job_id, {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL"}, JOB_TIMEOUT_S)
     stdout = "".join(p.read_text(errors="replace") for p in (job_dir / "submitit").glob("*_0_log.out"))
     assert state == "COMPLETED", stdout[-4000:]
