@@ -1,7 +1,7 @@
 """TorchX component for a recipe run: the same job as `python -m jobs.slurm submit`, for TorchX users.
 
     torchx run -s slurm -cfg time=30 jobs/components.py:recipe --recipe text2sql --nodes 2 --cpus_per_node 2 \
-        -- train.steps=2
+        -- backend.training_gpus=2 backend.sampling_gpus=2 train.steps=2
 
 One role with one replica per node; TorchX's Slurm scheduler runs each replica as a het-job group through
 `srun`. Every replica runs jobs/bootstrap.py with its replica id as rank: replica 0 is the Ray head and

@@ -1,6 +1,6 @@
 """Submit a recipe as one Slurm batch job through submitit.
 
-    python -m jobs.slurm submit --recipe text2sql train.steps=2 --nodes 2 --cpus-per-node 2 --time 30
+    python -m jobs.slurm submit --recipe text2sql --nodes 2 --time 30 backend.training_gpus=2 backend.sampling_gpus=2 train.steps=2
 
 Inside the allocation submitit starts one task per node (srun); each runs jobs/bootstrap.py: the first
 node is the Ray head and runs `arctic-rl run CONFIG key=value ... checkpoint.dir=<job>/checkpoints
