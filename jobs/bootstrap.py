@@ -395,7 +395,8 @@ def run_command(cfg: BootstrapConfig, address: str, ranks: dict[int, str] | None
                     f"(its Ray node died or became unreachable); the recipe was stopped. Node logs: "
                     f"{cfg.job_dir / 'logs'}/ray-node{lost['rank']}.{attempt_id()}.log")
             time.sleep(1.0)
-        if -code in (signal.SIGTERM, signal.SIGKILL) and cfg.signal_grace_s > 0:
+        # SIGABRT: what Ray's own SIGTERM handler in the recipe's driver turns a SIGTERM into.
+        if -code in (signal.SIGTERM, signal.SIGKILL, signal.SIGABRT) and cfg.signal_grace_s > 0:
             # Killed by a signal: most likely this node is being preempted (SIGTERM to the whole step) and
             # the launcher's USR2 handler is about to checkpoint and requeue; give it the chance before
             # reporting a failure that would end the job.

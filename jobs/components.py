@@ -26,7 +26,7 @@ def recipe(
     config: str = "",
     nodes: int = 1,
     gpus_per_node: int = 0,
-    cpus_per_node: int = 1,
+    cpus_per_node: int = 0,
     mem_mb: int = 0,
     command: str = "",
     job_root: str = launch.DEFAULT_JOB_ROOT,
@@ -42,7 +42,7 @@ def recipe(
         config: recipe config YAML (default recipes/<recipe>/configs/default.yaml)
         nodes: number of nodes (one replica per node)
         gpus_per_node: GPUs per node
-        cpus_per_node: CPUs per node (also Ray's --num-cpus)
+        cpus_per_node: CPUs per node (also Ray's --num-cpus); 0: none asked of Slurm, Ray counts the node's CPUs
         mem_mb: memory per node in MB (0: the partition's default)
         command: run this command as given on the first node instead of `arctic-rl run CONFIG key=value ...`
             (a native verl or SkyRL baseline); takes no config or overrides
@@ -58,9 +58,11 @@ def recipe(
     cmd = launch.prepare(recipe, config or None, overrides, job_dir, command or None)
     args = [
         "-m", "jobs.bootstrap", f"--job-dir={job_dir}", f"--nnodes={nodes}", f"--rank={specs.macros.replica_id}",
-        f"--head-env={specs.macros.rank0_env}", f"--num-cpus={cpus_per_node}", f"--recipe={recipe}",
+        f"--head-env={specs.macros.rank0_env}", f"--recipe={recipe}",
         f"--tracking-uri={default_tracking_uri()}", f"--register-timeout-s={register_timeout_s}",
     ]
+    if cpus_per_node:
+        args.append(f"--num-cpus={cpus_per_node}")
     if gpus_per_node:
         args.append(f"--num-gpus={gpus_per_node}")
     if ray_args:
