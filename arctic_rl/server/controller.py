@@ -46,7 +46,9 @@ class _CpuPlacer:
         from ray.util.placement_group import placement_group, placement_group_table
 
         n = cfg.training_gpus + (cfg.log_prob_gpus or 1) + cfg.num_sampling_replicas
-        self.pg = placement_group([{"CPU": 0.01}] * n, strategy="SPREAD")
+        # n tokens per node, spread evenly: every node holds a token for any engine dealt to it.
+        num_nodes = max(1, sum(1 for node in ray.nodes() if node["Alive"] and node["Resources"].get("CPU", 0) > 0))
+        self.pg = placement_group([{"CPU": 0.01}] * (n * num_nodes), strategy="SPREAD")
         if not self.pg.wait(timeout_seconds=300):
             raise ConfigError(f"Ray could not place {n} engine bundles in 300 s (cluster: {ray.cluster_resources()})")
         by_node: dict[str, list[int]] = {}
