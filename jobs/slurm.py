@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import shlex
 import signal
+import subprocess
 import sys
 import time
 from collections.abc import Sequence
@@ -152,6 +153,22 @@ def submit(args: argparse.Namespace) -> submitit.Job:
     return job
 
 
+def failed_nodes(job_id: str) -> dict[str, str]:
+    """{node: why} for the job's nodes that Slurm has down, failed or drained (after NODE_FAIL)."""
+    out = subprocess.run(["sacct", "-n", "-X", "-P", "-j", str(job_id), "-o", "NodeList"], capture_output=True,
+                         text=True)
+    nodelist = out.stdout.split()[0] if out.returncode == 0 and out.stdout.split() else ""
+    if not nodelist:
+        return {}
+    info = subprocess.run(["sinfo", "-h", "-N", "-n", nodelist, "-o", "%N|%T|%E"], capture_output=True, text=True)
+    down = {}
+    for line in info.stdout.splitlines():
+        node, state, reason = (line.split("|") + ["", ""])[:3]
+        if state.rstrip("*~#!%$@^-").lower() in ("down", "drained", "draining", "fail", "failing") or "*" in state:
+            down[node] = f"{state}: {reason}" if reason and reason != "none" else state
+    return down
+
+
 def wait(job: submitit.Job, poll_s: float = 3.0) -> bool:
     """Prints each state change until the job ends; returns True when it succeeded (rank 0's result)."""
     t0, last = time.monotonic(), None
@@ -170,6 +187,8 @@ def wait(job: submitit.Job, poll_s: float = 3.0) -> bool:
         tail = stderr.read_text(errors="replace").splitlines()[-20:] if stderr.exists() else []
         reason = str(error).splitlines()[-1] if str(error) else repr(error)
         print("\n".join([f"  error: {reason}", "  last lines of stderr:", *tail]))
+        for node, why in failed_nodes(job.job_id).items():
+            print(f"  node {node} failed ({why}): Slurm ended the job with it")
     outcome = "succeeded" if error is None else "failed"
     print(f"job {job.job_id} {outcome} after {time.monotonic() - t0:.0f} s; log {job.paths.stdout}")
     return error is None
