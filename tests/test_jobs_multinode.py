@@ -9,7 +9,9 @@ scripts/slurm_cluster.sh (a network + UTS namespace per node, each with its own 
   within a bounded time, failing with an error that names the node, or is requeued.
 
 The commands are the ones in docs/jobs.md's ```bash blocks, as written; the tests add only size overrides
-(SIZE) and point MLflow at a temporary store. All share the one cluster `make test` brings up; where this
+(SIZE, and the tiny random model in place of the 135M demo model: two DeepSpeed ranks, a reference and two
+vLLM replicas of the demo model on one 24 GiB machine came within 5% of its memory, and Ray's memory monitor
+killed a worker) and point MLflow at a temporary store. All share the one cluster `make test` brings up; where this
 kernel refuses network namespaces they skip, naming the reason scripts/slurm_cluster.sh wrote.
 """
 from __future__ import annotations
@@ -78,6 +80,11 @@ def cluster() -> None:
     assert all(n in nodes for n in NODES), nodes
 
 
+@pytest.fixture(scope="module")
+def size(tiny_llama: Path) -> list[str]:
+    return [*SIZE, f"model.name_or_path={tiny_llama}", "model.dtype=float32", "backend.vllm_config.dtype=float32"]
+
+
 @pytest.fixture
 def store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> MlflowClient:
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
@@ -136,8 +143,8 @@ def ray_addresses(job_dir: Path) -> set[str]:
     return set(re.findall(r"10\.213\.0\.\d+", text))
 
 
-def test_submitit_two_nodes_preempted_resumes_each_step_once(cluster, store: MlflowClient) -> None:
-    job_id, job_dir, _ = submit([*doc_command("python -m jobs.slurm submit"), *SIZE])
+def test_submitit_two_nodes_preempted_resumes_each_step_once(cluster, store: MlflowClient, size: list[str]) -> None:
+    job_id, job_dir, _ = submit([*doc_command("python -m jobs.slurm submit"), *size])
     done = job_dir / "checkpoints" / "step_1" / "loop_state.json"
     deadline = time.monotonic() + JOB_TIMEOUT_S
     while not done.exists():
@@ -164,9 +171,9 @@ def test_submitit_two_nodes_preempted_resumes_each_step_once(cluster, store: Mlf
     assert "ray-head.1.json" in os.listdir(job_dir)  # the second attempt brought its own Ray up
 
 
-def test_torchx_two_nodes(cluster, store: MlflowClient) -> None:
+def test_torchx_two_nodes(cluster, store: MlflowClient, size: list[str]) -> None:
     argv = doc_command("torchx run -s slurm")
-    out = subprocess.run([*local_argv(argv), *SIZE[1:]], cwd=REPO, capture_output=True, text=True, timeout=300,
+    out = subprocess.run([*local_argv(argv), *size[1:]], cwd=REPO, capture_output=True, text=True, timeout=300,
                          env={**os.environ, "PYTHONPATH": str(REPO)})
     log = out.stdout + out.stderr
     match = re.search(r"slurm://[^/\s]+/(\d+)", log)
