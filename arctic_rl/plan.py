@@ -122,7 +122,7 @@ class Plan:
                "", "placement (node: GPU -> engines):"]
         for node in range(self.nodes):
             mine = [g for g in self.gpus if g.node == node]
-            out.append(f"  node {node}: " + ("(idle)" if not mine else ""))
+            out.append(f"  node {node}:" + (" (idle)" if not mine else ""))
             out += [f"    gpu {g.local} [{g.pool} bundle {g.bundle}]: " + ", ".join(e.label for e in g.engines)
                     for g in mine]
         out += ["", f"memory per GPU, GiB (micro-batch {self.micro_batch_tokens} tokens"
@@ -137,11 +137,10 @@ class Plan:
             verdict = "OK" if g.peak <= self.gpu_memory else "OVER"
             out.append(f"  {rows}: peak {_g(g.peak)} of {_g(self.gpu_memory)} {verdict} ({phases})")
             out.append("      " + ", ".join(f"{k} {_g(v)}" for k, v in parts.items() if v))
-        out += ["", "CPUs per node (Ray --num-cpus): " + ", ".join(
-            f"node {i}: {n} reserved by GPU bundles, {p} engine processes" for i, (n, p)
-            in enumerate(zip(self.cpus_needed, self.processes)))]
-        if self.cpus_per_node is not None:
-            out.append(f"  given: {self.cpus_per_node} per node")
+        given = f"; given {self.cpus_per_node}" if self.cpus_per_node is not None else ""
+        out += ["", f"CPUs per node (Ray --num-cpus, at least the bundles' one each{given}):"]
+        out += [f"  node {i}: {n} reserved by GPU bundles, {p} engine processes"
+                for i, (n, p) in enumerate(zip(self.cpus_needed, self.processes))]
         out += ["", *(f"note: {n}" for n in self.notes)]
         out += ["", "verdict: fits" if self.fits else "verdict: does NOT fit"]
         out += [f"  - {p}" for p in self.problems]
@@ -264,8 +263,8 @@ def reference_bytes(m: ModelShape, client: ArcticRLClientConfig) -> dict[str, fl
     tc = client.training_config
     p = 2 if tc.dtype == "bfloat16" else 4
     workers = placement.num_reference_workers(client)
-    if tc.zero_stage == 3:
-        out = {"params": p * m.params / workers, "zero buffers": p * min(ZERO3_LIVE_PARAMS, m.params)}
+    if tc.zero_stage == 3:  # one worker alone holds the whole model and gathers nothing
+        out = {"params": p * m.params / workers, "zero buffers": p * min(ZERO3_LIVE_PARAMS, m.params) * (workers > 1)}
     else:
         out = {"params": p * m.params}
     out["context"] = CUDA_CONTEXT
@@ -357,12 +356,19 @@ def make_plan(run: RunConfig, nodes: int, gpus_per_node: int, cpus_per_node: int
     for g in gpus.values():
         cpus[g.node] += int(placement.BUNDLE["CPU"])
         procs[g.node] += len(g.engines)
+    for slot in layout.samplers:  # TP > 1: a driving actor of its own beside the TP workers
+        if slot.tp_bundles and (slot.pool, slot.bundle) in gpus:
+            procs[gpus[(slot.pool, slot.bundle)].node] += 1
     if cpus_per_node is not None and max(cpus) > cpus_per_node:
         problems.append(f"--cpus-per-node={cpus_per_node} but node {cpus.index(max(cpus))} needs {max(cpus)} Ray "
                         f"CPUs for its GPU bundles (one each); Ray could not place them")
     loaders = [sum(e.engine != "sampling" for g in gpus.values() if g.node == k for e in g.engines)
                for k in range(nodes)]
     notes = _notes(run, client, m, phases, max(loaders))
+    group = max(client.vllm_config.max_seq_len - run.sampling.max_tokens, 1) + run.sampling.n * run.sampling.max_tokens
+    notes.append(f"vLLM KV cache: {kv_tokens} tokens per replica; one prompt group at the longest lengths takes "
+                 f"{group} (prompt once with prefix caching + n responses): "
+                 + ("it fits at once" if kv_tokens >= group else "vLLM runs its samples in turns (preemption)"))
     return Plan(name, nodes, gpus_per_node, cpus_per_node, gpu_memory, m, client, sorted(
         gpus.values(), key=lambda g: (g.node, g.local)), cpus, procs, tokens, kv_tokens, tuple(phases), notes, problems)
 
@@ -385,7 +391,7 @@ def _put(gpus: dict, slot: placement.Slot, engine: Engine) -> None:
 
 def sleeps_while_colocated(client: ArcticRLClientConfig, run: RunConfig) -> bool:
     """The loop puts engines to sleep around its phases only when they share devices and run in step."""
-    return client.colocate and not run.async_.enable
+    return run.sleep_engines and client.colocate and not run.async_.enable
 
 
 def _phases(client: ArcticRLClientConfig, run: RunConfig) -> dict[str, dict[str, bool]]:
