@@ -51,13 +51,16 @@ def test_4x8_configs_place_and_count(path):
 
 
 def test_4x8_verdicts_name_their_reasons():
-    """The published 32B setups at 80 GiB: the plan's verdict is what the estimate says, with the reason."""
+    """At 80 GiB the published 32B setups do not fit today, and the refusal says why: the reference's whole
+    bf16 copy on GPU 0 and the trainer's memory, which its sleep does not free yet (issue 17). When that
+    lands, SLEEP_KEEPS and the reference layout change and so does this verdict."""
     for path in (BIRD, LONGQA):
         plan = make_plan(load_run_config(path), nodes=4, gpus_per_node=8, name=path.name)
-        if not plan.fits:
-            with pytest.raises(ConfigError, match="cannot run on 4 node"):
-                plan.check()
-            assert any("GiB" in p for p in plan.problems)
+        assert not plan.fits
+        with pytest.raises(ConfigError, match=r"cannot run on 4 node\(s\) x 8 GPU\(s\): 32 GPU\(s\) need more than "
+                                              r"80.0 GiB; the worst, node 0 gpu 0.*reference 0 params 61.0"):
+            plan.check()
+        assert "verdict: does NOT fit" in plan.render()
 
 
 def test_zero3_partitions_trainer_state():
