@@ -297,11 +297,38 @@ def make_plan(run: RunConfig, nodes: int, gpus_per_node: int, cpus_per_node: int
         raise ConfigError(f"gpu_memory_gib must be > 0, got {gpu_memory_gib!r}")
     # The backend section as the run will use it; YaRN needs the model's rope_theta, which changes no size.
     client = run._client_config(resolve_yarn=False)
-    hf, source = model_config(run, model_config_path)
-    m = model_shape(hf, source)
+    m = model_shape(*model_config(run, model_config_path))
     gpu_memory = gpu_memory_gib * GiB
     layout = placement.gpu_layout(client)
     problems: list[str] = []
+    gpus = _lay_out(layout, client, nodes, gpus_per_node, problems)
+    tokens = micro_batch_tokens(run, client)
+    s_bytes, kv_tokens = sampler_bytes(m, client, gpu_memory)
+    _fill(gpus, layout, trainer_bytes(m, client, tokens), reference_bytes(m, client), s_bytes, problems)
+    phases = _phases(client, run)
+    for g in gpus.values():
+        g.phases = {ph: sum(_engine_bytes(e, awake) for e in g.engines) for ph, awake in phases.items()}
+    problems += _memory_problems(list(gpus.values()), phases, gpu_memory)
+    if kv_tokens < client.vllm_config.max_seq_len:
+        problems.append(f"vLLM's KV cache holds {kv_tokens} tokens per replica, less than backend.vllm_config."
+                        f"max_seq_len={client.vllm_config.max_seq_len}: raise gpu_memory_utilization="
+                        f"{client.vllm_config.gpu_memory_utilization} or tensor_parallel_size="
+                        f"{client.vllm_config.tensor_parallel_size} (vLLM would refuse to start)")
+    cpus, procs = _cpus_and_processes(gpus, layout, nodes)
+    if cpus_per_node is not None and max(cpus) > cpus_per_node:
+        problems.append(f"--cpus-per-node={cpus_per_node} but node {cpus.index(max(cpus))} needs {max(cpus)} Ray "
+                        f"CPUs for its GPU bundles (one each); Ray could not place them")
+    loaders = max(sum(e.engine != "sampling" for g in gpus.values() if g.node == k for e in g.engines)
+                  for k in range(nodes))
+    notes = _notes(run, client, m, phases, loaders, kv_tokens)
+    return Plan(name, nodes, gpus_per_node, cpus_per_node, gpu_memory, m, client, sorted(
+        gpus.values(), key=lambda g: (g.node, g.local)), cpus, procs, tokens, kv_tokens, tuple(phases), notes, problems)
+
+
+def _lay_out(layout: placement.GpuLayout, client: ArcticRLClientConfig, nodes: int, gpus_per_node: int,
+             problems: list[str]) -> dict[tuple[str, int], Gpu]:
+    """(pool, bundle) -> its GPU: bundles fill the nodes in pool order, as PACK does; any beyond the cluster
+    stay unplaced (and are a problem)."""
     tp = client.vllm_config.tensor_parallel_size
     if tp > gpus_per_node:
         problems.append(f"backend.vllm_config.tensor_parallel_size={tp} is larger than --gpus-per-node="
@@ -310,67 +337,49 @@ def make_plan(run: RunConfig, nodes: int, gpus_per_node: int, cpus_per_node: int
     if layout.num_bundles > total:
         problems.append(f"the engines need {layout.num_bundles} GPUs ({_pools(layout)}) but {nodes} node(s) x "
                         f"{gpus_per_node} GPU(s) = {total}")
-    # Bundles fill the nodes in pool order, as PACK does; bundles beyond the cluster are left unplaced.
-    gpus: dict[tuple[str, int], Gpu] = {}
-    i = 0
-    for pool, count in layout.pools.items():
-        for b in range(count):
-            if i < total:
-                gpus[(pool, b)] = Gpu(i // gpus_per_node, i % gpus_per_node, pool, b)
-            i += 1
-    tokens = micro_batch_tokens(run, client)
-    t_bytes = trainer_bytes(m, client, tokens)
-    r_bytes = reference_bytes(m, client)
-    s_bytes, kv_tokens = sampler_bytes(m, client, gpu_memory)
+    keys = [(pool, b) for pool, count in layout.pools.items() for b in range(count)][:total]
+    return {key: Gpu(i // gpus_per_node, i % gpus_per_node, *key) for i, key in enumerate(keys)}
+
+
+def _fill(gpus: dict, layout: placement.GpuLayout, t_bytes: dict, r_bytes: dict, s_bytes: dict,
+          problems: list[str]) -> None:
+    """Puts every engine on its GPU(s); a sampler's TP workers each on one of its bundles."""
     for slot in layout.trainers:
-        _put(gpus, slot, Engine(f"trainer {slot.index}", "training", t_bytes))
+        _put(gpus, slot.pool, slot.bundle, Engine(f"trainer {slot.index}", "training", t_bytes))
     for slot in layout.references:
-        _put(gpus, slot, Engine(f"reference {slot.index}", "log_prob", r_bytes))
+        _put(gpus, slot.pool, slot.bundle, Engine(f"reference {slot.index}", "log_prob", r_bytes))
     for slot in layout.samplers:
+        tp = len(slot.devices)
         for k, bundle in enumerate(slot.devices):
             label = f"sampler {slot.index}" + (f" (TP {k + 1}/{tp})" if tp > 1 else "")
-            _put(gpus, placement.Slot(slot.engine, slot.index, slot.pool, bundle, slot.gpu_share),
-                 Engine(label, "sampling", {**s_bytes, "context": CUDA_CONTEXT}))
+            _put(gpus, slot.pool, bundle, Engine(label, "sampling", {**s_bytes, "context": CUDA_CONTEXT}))
         nodes_of = {gpus[(slot.pool, b)].node for b in slot.devices if (slot.pool, b) in gpus}
         if len(nodes_of) > 1:
             problems.append(f"sampler replica {slot.index}'s TP group spans nodes {sorted(nodes_of)}")
-    phases = _phases(client, run)
-    for g in gpus.values():
-        g.phases = {ph: sum(_engine_bytes(e, awake) for e in g.engines) for ph, awake in phases.items()}
-    over = [g for g in gpus.values() if g.peak > gpu_memory]
-    if over:
-        worst = max(over, key=lambda g: g.peak)
-        phase = max(worst.phases, key=worst.phases.get)
-        top = sorted(((f"{e.label} {k}", _engine_bytes(e, phases[phase], k)) for e in worst.engines
-                      for k in e.awake_bytes), key=lambda kv: -kv[1])[:4]
-        problems.append(f"{len(over)} GPU(s) need more than {_g(gpu_memory)} GiB; the worst, node {worst.node} "
-                        f"gpu {worst.local}, needs {_g(worst.peak)} GiB in phase {phase!r}, mostly "
-                        + ", ".join(f"{k} {_g(v)}" for k, v in top))
-    if kv_tokens < client.vllm_config.max_seq_len:
-        problems.append(f"vLLM's KV cache holds {kv_tokens} tokens per replica, less than backend.vllm_config."
-                        f"max_seq_len={client.vllm_config.max_seq_len}: raise gpu_memory_utilization="
-                        f"{client.vllm_config.gpu_memory_utilization} or tensor_parallel_size={tp} (vLLM would "
-                        f"refuse to start)")
-    cpus = [0] * nodes
-    procs = [0] * nodes
+
+
+def _memory_problems(gpus: list[Gpu], phases: dict, gpu_memory: float) -> list[str]:
+    over = [g for g in gpus if g.peak > gpu_memory]
+    if not over:
+        return []
+    worst = max(over, key=lambda g: g.peak)
+    phase = max(worst.phases, key=worst.phases.get)
+    top = sorted(((f"{e.label} {k}", _engine_bytes(e, phases[phase], k)) for e in worst.engines
+                  for k in e.awake_bytes), key=lambda kv: -kv[1])[:4]
+    return [f"{len(over)} GPU(s) need more than {_g(gpu_memory)} GiB; the worst, node {worst.node} gpu {worst.local}, "
+            f"needs {_g(worst.peak)} GiB in phase {phase!r}, mostly " + ", ".join(f"{k} {_g(v)}" for k, v in top)]
+
+
+def _cpus_and_processes(gpus: dict, layout: placement.GpuLayout, nodes: int) -> tuple[list[int], list[int]]:
+    """Per node: Ray CPUs its GPU bundles reserve, and the engine processes it runs."""
+    cpus, procs = [0] * nodes, [0] * nodes
     for g in gpus.values():
         cpus[g.node] += int(placement.BUNDLE["CPU"])
         procs[g.node] += len(g.engines)
     for slot in layout.samplers:  # TP > 1: a driving actor of its own beside the TP workers
         if slot.tp_bundles and (slot.pool, slot.bundle) in gpus:
             procs[gpus[(slot.pool, slot.bundle)].node] += 1
-    if cpus_per_node is not None and max(cpus) > cpus_per_node:
-        problems.append(f"--cpus-per-node={cpus_per_node} but node {cpus.index(max(cpus))} needs {max(cpus)} Ray "
-                        f"CPUs for its GPU bundles (one each); Ray could not place them")
-    loaders = [sum(e.engine != "sampling" for g in gpus.values() if g.node == k for e in g.engines)
-               for k in range(nodes)]
-    notes = _notes(run, client, m, phases, max(loaders))
-    group = max(client.vllm_config.max_seq_len - run.sampling.max_tokens, 1) + run.sampling.n * run.sampling.max_tokens
-    notes.append(f"vLLM KV cache: {kv_tokens} tokens per replica; one prompt group at the longest lengths takes "
-                 f"{group} (prompt once with prefix caching + n responses): "
-                 + ("it fits at once" if kv_tokens >= group else "vLLM runs its samples in turns (preemption)"))
-    return Plan(name, nodes, gpus_per_node, cpus_per_node, gpu_memory, m, client, sorted(
-        gpus.values(), key=lambda g: (g.node, g.local)), cpus, procs, tokens, kv_tokens, tuple(phases), notes, problems)
+    return cpus, procs
 
 
 def plan_run(run: RunConfig, nodes: int, gpus_per_node: int, cpus_per_node: int | None = None,
@@ -383,8 +392,8 @@ def _pools(layout: placement.GpuLayout) -> str:
     return ", ".join(f"{name} {n}" for name, n in layout.pools.items())
 
 
-def _put(gpus: dict, slot: placement.Slot, engine: Engine) -> None:
-    g = gpus.get((slot.pool, slot.bundle))
+def _put(gpus: dict, pool: str, bundle: int, engine: Engine) -> None:
+    g = gpus.get((pool, bundle))
     if g is not None:  # None: beyond the cluster, already a problem
         g.engines.append(engine)
 
@@ -409,7 +418,8 @@ def _engine_bytes(e: Engine, awake: dict[str, bool], part: str | None = None) ->
     return sum(e.awake_bytes[k] * (1.0 if k == "context" else share) for k in parts)
 
 
-def _notes(run: RunConfig, client: ArcticRLClientConfig, m: ModelShape, phases: dict, loaders: int) -> list[str]:
+def _notes(run: RunConfig, client: ArcticRLClientConfig, m: ModelShape, phases: dict, loaders: int,
+           kv_tokens: int) -> list[str]:
     notes = []
     if "gen" in phases:
         notes.append("colocated: the loop sleeps the sampler while training and the trainer/reference while "
@@ -427,6 +437,10 @@ def _notes(run: RunConfig, client: ArcticRLClientConfig, m: ModelShape, phases: 
         notes.append("checkpoint.every=0: no checkpoints; a requeued job restarts from step 0")
     notes.append("rewards are scored in a process pool on the driver's node, one worker per CPU the driver may "
                  "use (os.sched_getaffinity): give that node CPUs beyond the bundles' for it")
+    group = max(client.vllm_config.max_seq_len - run.sampling.max_tokens, 1) + run.sampling.n * run.sampling.max_tokens
+    notes.append(f"vLLM KV cache: {kv_tokens} tokens per replica; one prompt group at the longest lengths takes "
+                 f"{group} (prompt once with prefix caching + n responses): "
+                 + ("it fits at once" if kv_tokens >= group else "vLLM runs its samples in turns (preemption)"))
     return notes
 
 

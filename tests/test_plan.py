@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 
 from arctic_rl.cli import main as cli
+from arctic_rl.config import ArcticRLClientConfig
 from arctic_rl.errors import ConfigError
 from arctic_rl.plan import GiB, make_plan, plan_run
 from arctic_rl.runconfig import load_run_config
 from arctic_rl.server import placement
-from arctic_rl.config import ArcticRLClientConfig
 
 ROOT = Path(__file__).resolve().parent.parent
 BIRD = ROOT / "recipes/text2sql/configs/bird_qwen3_32b.yaml"
@@ -39,7 +39,7 @@ def test_4x8_configs_place_and_count(path):
     plan = make_plan(run, nodes=4, gpus_per_node=8, cpus_per_node=16, name=path.name)
     assert 32.5e9 < plan.model.params < 33e9  # Qwen3-32B: 32.8B
     assert len(plan.gpus) == 32 and plan.cpus_needed == [8, 8, 8, 8]
-    tp = run.client_config().vllm_config.tensor_parallel_size if path == BIRD else 4
+    tp = run.backend["vllm_config"]["tensor_parallel_size"]
     for g in plan.gpus:
         kinds = sorted(e.engine for e in g.engines)
         assert kinds.count("training") == 1 and kinds.count("sampling") == 1, g
