@@ -206,7 +206,8 @@ class EngineSleep:
     def __init__(self, client: ArcticRLClient, cfg: RunConfig):
         self.client, self.use_reference = client, cfg.use_reference
         self.enabled = cfg.sleep_engines and client.config.colocate and not cfg.async_.enable
-        self.asleep: set[str] = set()
+        # what the backend says is asleep now (a given client may come from a run that stopped mid-step)
+        self.asleep: set[str] = set(client.health().get("asleep", []))
 
     def _set(self, engine: str, asleep: bool) -> None:
         if not self.enabled or (engine in self.asleep) == asleep:
@@ -230,8 +231,10 @@ class EngineSleep:
         self._set("sampling", False)
 
     def wake_all(self) -> None:
-        for engine in ("sampling", "training", "log_prob"):
-            self._set(engine, False)
+        """Every engine awake (also when this run sleeps none: they may be left asleep by an earlier run)."""
+        for engine in sorted(self.asleep, key=("sampling", "training", "log_prob").index):
+            self.client.wake(engine)
+            self.asleep.discard(engine)
 
 
 def train_step(cfg: RunConfig, client: ArcticRLClient, recipe, rollout: Rollout, pad_id: int,
@@ -372,6 +375,8 @@ def run(cfg: RunConfig, client: ArcticRLClient | None = None, *, stop_after: int
 
     own_client = client is None
     client = client or create_arctic_rl_client(cfg.client_config())
+    sleep = EngineSleep(client, cfg)
+    sleep.wake_all()  # a given client may come from a run that stopped mid-step with engines asleep
     ckpt_root = cfg.checkpoint_dir
     ckpt_root.mkdir(parents=True, exist_ok=True)
     resume = resume_path(cfg)
@@ -411,7 +416,6 @@ def run(cfg: RunConfig, client: ArcticRLClient | None = None, *, stop_after: int
                   f"accuracy {r.accuracy:.1%}, reward {r.reward_mean:.3f} ({r.seconds:.0f}s)", flush=True)
 
     history: list[dict[str, float]] = []
-    sleep = EngineSleep(client, cfg)
 
     def before_sync() -> None:
         rollouts.before_sync()

@@ -107,6 +107,7 @@ def test_loop_over_ray_logs_and_resumes_exactly(ray_cluster, tiny_llama, tmp_pat
         for k in (1, 2, 3):
             shutil.copytree(tmp_path / "a" / f"step_{k}", b_dir / f"step_{k}")
         (b_dir / "step_3" / STATE_FILE).unlink()
+        client.sleep("sampling")  # as a run stopped mid-step leaves it: the next run wakes it first
         b = run(tiny_cfg(tiny_llama, b_dir, "resume=auto"), client)
         assert len(b.history) == 1 and b.run_id == a.run_id and len(b.rewards) == 3
         ha, hb = a.history[2], b.history[0]
