@@ -6,12 +6,15 @@
 One step (verl's phase names, logged as timing_s/<phase>):
   gen            take prompts_per_step examples (a seeded order, reshuffled each epoch), apply the chat
                  template to `messages` + `assistant_prefix`, sample n responses each (seed from (seed, step))
-  reward         recipe.reward(assistant_prefix + text, example)
+  reward         recipe.reward(assistant_prefix + text, example), in a process pool (arctic_rl.rewards)
   adv            GRPO / Dr.GRPO / RLOO over each prompt's group (arctic_rl.advantages)
   old_log_prob   the trainer's log-probs of the samples (PPO's pi_old; in async mode the proximal policy)
   ref            the reference model's log-probs, only when the loss has a KL term
   update_actor   ppo_epochs x mini-batches (whole prompt groups, in order): forward_backward + optimizer_step
   update_weights sync_weights: trainer -> sampler
+Colocated engines (backend.colocate, sync loop, sleep_engines): the trainer and reference sleep during gen,
+the sampler sleeps from the end of gen until just before update_weights (which needs both awake), so on
+CUDA vLLM gives its memory back while the trainer works (arctic_rl.server.controller's sleep/wake ops).
 Checkpoints (checkpoint.every): the backend's save_checkpoint (weights, optimizer, scheduler) into
 <dir>/step_K, then loop_state.json (step, data position, RNG states, MLflow run id) written last and
 atomically: a step_K without it is half-written and resume skips it. The checkpoint dir must be on a
@@ -43,6 +46,7 @@ from arctic_rl.batch import from_samples, group_rows, select_rows
 from arctic_rl.client.client import ArcticRLClient, create_arctic_rl_client
 from arctic_rl.errors import ConfigError
 from arctic_rl.pipeline import AsyncRollouts, Request, Rollout, SyncRollouts
+from arctic_rl.rewards import score_all
 from arctic_rl.runconfig import RunConfig
 
 STATE_FILE = "loop_state.json"
@@ -74,7 +78,8 @@ def evaluate(client: ArcticRLClient, recipe, examples: list[dict], tokenizer, cf
     params = {"n": 1, "max_tokens": cfg.eval.max_tokens or cfg.sampling.max_tokens, "temperature": 0.0,
               "stop": list(cfg.sampling.stop)}
     samples = client.generate([prompt_ids(tokenizer, ex) for ex in examples], params)
-    rewards = [float(recipe.reward(ex.get("assistant_prefix", "") + s["text"], ex)) for s, ex in zip(samples, examples)]
+    rewards = score_all(recipe.reward, [ex.get("assistant_prefix", "") + s["text"] for s, ex in zip(samples, examples)],
+                        examples)
     return EvalResult(float(np.mean([r >= 1.0 for r in rewards])), float(np.mean(rewards)), len(examples),
                       time.perf_counter() - t0)
 
@@ -209,6 +214,46 @@ def compute_advantages(cfg: RunConfig, scores_B: torch.Tensor, uids: list) -> to
     return advantages.grpo(scores_B, uids, norm_by_std=(est == "grpo"), eps=cfg.advantage.eps)
 
 
+class EngineSleep:
+    """Puts the engines a phase does not use to sleep, when they share devices and run in step (colocated,
+    sync loop): trainer and reference asleep during gen, sampler asleep from the end of gen to the weight
+    sync. The reference wakes only if the loss uses it. Remembers what it put to sleep, so each call is
+    made once."""
+
+    def __init__(self, client: ArcticRLClient, cfg: RunConfig):
+        self.client, self.use_reference = client, cfg.use_reference
+        self.enabled = cfg.sleep_engines and client.config.colocate and not cfg.async_.enable
+        # what the backend says is asleep now (a given client may come from a run that stopped mid-step)
+        self.asleep: set[str] = set(client.health().get("asleep", []))
+
+    def _set(self, engine: str, asleep: bool) -> None:
+        if not self.enabled or (engine in self.asleep) == asleep:
+            return
+        (self.client.sleep if asleep else self.client.wake)(engine)
+        (self.asleep.add if asleep else self.asleep.discard)(engine)
+
+    def before_gen(self) -> None:
+        self._set("sampling", False)
+        self._set("training", True)
+        self._set("log_prob", True)
+
+    def after_gen(self) -> None:
+        self._set("sampling", True)
+        self._set("training", False)
+        if self.use_reference:
+            self._set("log_prob", False)
+
+    def before_sync(self) -> None:
+        self._set("log_prob", True)
+        self._set("sampling", False)
+
+    def wake_all(self) -> None:
+        """Every engine awake (also when this run sleeps none: they may be left asleep by an earlier run)."""
+        for engine in sorted(self.asleep, key=("sampling", "training", "log_prob").index):
+            self.client.wake(engine)
+            self.asleep.discard(engine)
+
+
 def train_step(cfg: RunConfig, client: ArcticRLClient, recipe, rollout: Rollout, pad_id: int,
                before_sync) -> dict[str, float]:
     n = cfg.sampling.n
@@ -217,7 +262,7 @@ def train_step(cfg: RunConfig, client: ArcticRLClient, recipe, rollout: Rollout,
     completions = [ex.get("assistant_prefix", "") + s["text"]
                    for i, ex in enumerate(rollout.examples) for s in rollout.samples[i * n:(i + 1) * n]]
     examples_B = [ex for ex in rollout.examples for _ in range(n)]
-    scores_B = torch.tensor([float(recipe.reward(c, ex)) for c, ex in zip(completions, examples_B)])
+    scores_B = torch.tensor(score_all(recipe.reward, completions, examples_B))
     t["reward"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
@@ -347,6 +392,8 @@ def run(cfg: RunConfig, client: ArcticRLClient | None = None, *, stop_after: int
 
     own_client = client is None
     client = client or create_arctic_rl_client(cfg.client_config())
+    sleep = EngineSleep(client, cfg)
+    sleep.wake_all()  # a given client may come from a run that stopped mid-step with engines asleep
     ckpt_root = cfg.checkpoint_dir
     ckpt_root.mkdir(parents=True, exist_ok=True)
     resume = resume_path(cfg)
@@ -388,6 +435,11 @@ def run(cfg: RunConfig, client: ArcticRLClient | None = None, *, stop_after: int
                   f"accuracy {r.accuracy:.1%}, reward {r.reward_mean:.3f} ({r.seconds:.0f}s)", flush=True)
 
     history: list[dict[str, float]] = []
+
+    def before_sync() -> None:
+        rollouts.before_sync()
+        sleep.before_sync()
+
     status = "FAILED"
     bar = tqdm(range(state.step + 1, last + 1), desc=f"arctic-rl {cfg.recipe.name}", unit="step",
                disable=quiet, initial=state.step, total=last)
@@ -398,8 +450,10 @@ def run(cfg: RunConfig, client: ArcticRLClient | None = None, *, stop_after: int
         run_eval(state.step)
         for step in bar:
             t0 = time.perf_counter()
+            sleep.before_gen()
             rollout = rollouts.get(step)
-            metrics = train_step(cfg, client, recipe, rollout, pad_id, rollouts.before_sync)
+            sleep.after_gen()
+            metrics = train_step(cfg, client, recipe, rollout, pad_id, before_sync)
             metrics[tracking.TIMING_STEP] = time.perf_counter() - t0
             metrics[tracking.PERF_THROUGHPUT] = metrics.pop("_num_tokens") / metrics[tracking.TIMING_STEP] / num_gpus
             state.step = step
@@ -417,6 +471,7 @@ def run(cfg: RunConfig, client: ArcticRLClient | None = None, *, stop_after: int
                 bar.write(_step_line(step, cfg.train.steps, metrics))
             if cfg.eval.every and step % cfg.eval.every == 0:
                 run_eval(step)
+        sleep.wake_all()  # the client is left as it was given: every engine awake
         if state.step >= cfg.train.steps:
             run_eval(state.step)
         status = "FINISHED" if state.step >= cfg.train.steps else "KILLED"

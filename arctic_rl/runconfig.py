@@ -4,7 +4,7 @@
     client_cfg = cfg.client_config()        # the ArcticRLClientConfig of the backend
 
 Sections: model, backend (ArcticRLClientConfig fields except model_name), recipe, sampling, train,
-loss, advantage, reference, async, checkpoint, resume, tracking, seed. Every model forbids unknown
+loss, advantage, reference, async, checkpoint, resume, tracking, sleep_engines, seed. Every model forbids unknown
 keys, so a typo is an error naming its dotted path (`train.stpes: Extra inputs are not permitted`).
 
 Overrides are `dotted.key=value`; the value is parsed as a YAML scalar (`train.steps=10` is an int,
@@ -148,6 +148,8 @@ class RunConfig(Strict):
     tracking: TrackingConfig = TrackingConfig()
     eval: EvalConfig = EvalConfig()
     sft_warmup: SFTWarmupConfig = SFTWarmupConfig()
+    sleep_engines: bool = Field(True, description="colocated sync runs: the sampler sleeps while the trainer works "
+                                "and the trainer and reference while the sampler generates (arctic_rl.loop)")
     seed: int = 0
 
     @model_validator(mode="after")

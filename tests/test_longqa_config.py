@@ -12,7 +12,8 @@ CONFIG = Path(longqa.__file__).parent / "configs" / "longqa_qwen3_32b.yaml"
 
 def test_qwen3_32b_config():
     config = yaml.safe_load(CONFIG.read_text())
-    assert set(config) == {"model", "backend", "recipe", "sampling", "train", "loss", "advantage"}
+    assert set(config) == {"model", "backend", "recipe", "sampling", "train", "loss", "advantage", "checkpoint"}
+    assert config["checkpoint"]["every"] > 0  # a requeued job resumes
     assert config["recipe"]["name"] == "longqa"
     assert set(config["recipe"]["options"]) <= longqa._KNOWN_OPTIONS
     yarn = yarn_overrides(**config["model"]["yarn"], rope_theta=1_000_000.0)

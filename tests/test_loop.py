@@ -32,6 +32,29 @@ def mlflow_metrics(run_id: str) -> dict[str, list[tuple[int, float]]]:
     return {k: sorted((m.step, m.value) for m in mc.get_metric_history(run_id, k)) for k in keys}
 
 
+class EngineStates:
+    """The real client; before each engine op it reads back from the backend (health()) which engines are
+    asleep, by the controller's record and by the sampler workers' own, and it records sleep/wake calls."""
+    OPS = ("generate", "log_probs", "forward_backward", "optimizer_step", "sync_weights", "save_checkpoint")
+
+    def __init__(self, client):
+        self._client, self.trace = client, []
+
+    def __getattr__(self, name):
+        attr = getattr(self._client, name)
+        if name in ("sleep", "wake"):
+            return lambda engine: (self.trace.append((name, engine)), attr(engine))[1]
+        if name not in self.OPS:
+            return attr
+
+        def op(*args, **kwargs):
+            h = self._client.health()
+            samplers = {e["asleep"] for k, e in h["engines"].items() if k.startswith("sampling")}
+            self.trace.append((name, frozenset(h["asleep"]), samplers))
+            return attr(*args, **kwargs)
+        return op
+
+
 @pytest.fixture
 def mlflow_db(tmp_path, monkeypatch):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
@@ -54,7 +77,23 @@ def test_loop_over_ray_logs_and_resumes_exactly(ray_cluster, tiny_llama, tmp_pat
         samples = client.generate(["the quick brown fox", "answer: paris"], {"n": 2, "max_tokens": 8, "seed": 5})
         probe = from_samples(samples, [0, 0, 1, 1])
 
-        a = run(cfg_a, client)  # uninterrupted: 3 steps, a checkpoint after each
+        states = EngineStates(client)
+        a = run(cfg_a, states)  # uninterrupted: 3 steps, a checkpoint after each
+        # Colocated: trainer and reference asleep while generating, sampler asleep (the vLLM workers say so
+        # too) while the trainer works, both awake for the sync; every engine awake again at the end.
+        calls = [c for c in states.trace if c[0] in ("sleep", "wake")]
+        assert calls == [("sleep", "training"), ("sleep", "log_prob"), ("sleep", "sampling"), ("wake", "training"),
+                         ("wake", "sampling")] + [("sleep", "training"), ("sleep", "sampling"), ("wake", "training"),
+                                                  ("wake", "sampling")] * 2 + [("wake", "log_prob")], calls
+        ops = [c for c in states.trace if c[0] not in ("sleep", "wake")]
+        expect = {"generate": ({"training", "log_prob"}, {False}), "log_probs": ({"sampling", "log_prob"}, {True}),
+                  "forward_backward": ({"sampling", "log_prob"}, {True}),
+                  "optimizer_step": ({"sampling", "log_prob"}, {True}), "sync_weights": ({"log_prob"}, {False}),
+                  "save_checkpoint": ({"log_prob"}, {False})}
+        assert [op for op, *_ in ops].count("generate") == 3
+        for op, asleep, samplers in ops:
+            assert (set(asleep), samplers) == expect[op], (op, asleep, samplers)
+        assert client.health()["asleep"] == []
         assert [h["async/staleness"] for h in a.history] == [0.0, 0.0, 0.0]
         logged = mlflow_metrics(a.run_id)
         for key in PHASE_METRICS:
@@ -68,6 +107,7 @@ def test_loop_over_ray_logs_and_resumes_exactly(ray_cluster, tiny_llama, tmp_pat
         for k in (1, 2, 3):
             shutil.copytree(tmp_path / "a" / f"step_{k}", b_dir / f"step_{k}")
         (b_dir / "step_3" / STATE_FILE).unlink()
+        client.sleep("sampling")  # as a run stopped mid-step leaves it: the next run wakes it first
         b = run(tiny_cfg(tiny_llama, b_dir, "resume=auto"), client)
         assert len(b.history) == 1 and b.run_id == a.run_id and len(b.rewards) == 3
         ha, hb = a.history[2], b.history[0]

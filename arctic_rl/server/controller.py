@@ -21,6 +21,7 @@ from arctic_rl.batch import LOG_PROBS_KEYS, TRAIN_KEYS, Batch, select_rows, spli
 from arctic_rl.config import ArcticRLClientConfig, forget_deployment
 from arctic_rl.errors import (ArcticRLError, BatchFormatError, ConfigError, EngineDeadError, EngineError,
                               UnknownNameError, WeightSyncError)
+from arctic_rl.server import placement
 
 ENGINES = ("training", "log_prob", "sampling")
 NAMESPACE = "arctic-rl"
@@ -45,10 +46,10 @@ class _CpuPlacer:
     def __init__(self, cfg: ArcticRLClientConfig):
         from ray.util.placement_group import placement_group, placement_group_table
 
-        n = cfg.training_gpus + (cfg.log_prob_gpus or 1) + cfg.num_sampling_replicas
+        n = placement.cpu_bundle_count(cfg)
         # n tokens per node, spread evenly: every node holds a token for any engine dealt to it.
         num_nodes = max(1, sum(1 for node in ray.nodes() if node["Alive"] and node["Resources"].get("CPU", 0) > 0))
-        self.pg = placement_group([{"CPU": 0.01}] * (n * num_nodes), strategy="SPREAD")
+        self.pg = placement_group([dict(placement.CPU_BUNDLE)] * (n * num_nodes), strategy="SPREAD")
         if not self.pg.wait(timeout_seconds=300):
             raise ConfigError(f"Ray could not place {n} engine bundles in 300 s (cluster: {ray.cluster_resources()})")
         by_node: dict[str, list[int]] = {}
@@ -79,59 +80,43 @@ class _CpuPlacer:
 
 
 class _GpuPlacer:
-    """GPU clusters: placement groups of one-GPU bundles, so which engines share a device is decided
-    here, not by Ray's packing of fractional GPUs (which put two trainer ranks on one GPU, or left a
-    colocated sampler unschedulable). Colocated: one pool of max(training, sampling) GPUs; trainer
-    rank i and sampler GPU i share bundle i, and a reference without GPUs of its own shares bundle 0..
-    Split: a pool per engine. Every actor takes FRAC of its bundle's GPU (up to three per device); a
-    sampler with tensor parallelism sits in its first bundle without a share, and vLLM's Ray executor
-    puts its TP workers on the replica's bundles (VLLM_RAY_BUNDLE_INDICES, VLLM_RAY_PER_WORKER_GPUS).
-    Not run with TP > 1 here (no GPUs)."""
+    """GPU clusters: the layout of arctic_rl.server.placement (which engines share which one-GPU bundle,
+    the same one `arctic-rl plan` prints), made into one Ray placement group per pool. Not run with
+    TP > 1 here (no GPUs)."""
 
-    FRAC = 0.3
+    FRAC = placement.GPU_SHARE
 
     def __init__(self, cfg: ArcticRLClientConfig):
-        self.tp = cfg.vllm_config.tensor_parallel_size
-        if cfg.colocate:
-            self.train_pg = self.sample_pg = self._pool(max(cfg.training_gpus, cfg.sampling_gpus))
-        else:
-            self.train_pg, self.sample_pg = self._pool(cfg.training_gpus), self._pool(cfg.sampling_gpus)
-        self.ref_pg = self._pool(cfg.log_prob_gpus) if cfg.log_prob_gpus else self.train_pg
+        self.layout = placement.gpu_layout(cfg)
+        self.pgs = {name: self._pool(n) for name, n in self.layout.pools.items()}
 
     @staticmethod
     def _pool(n: int):
         from ray.util.placement_group import placement_group
-        pg = placement_group([{"GPU": 1, "CPU": 1}] * n, strategy="PACK")
+        pg = placement_group([dict(placement.BUNDLE)] * n, strategy="PACK")
         if not pg.wait(timeout_seconds=300):
             raise ConfigError(f"Ray could not reserve {n} GPU bundles in 300 s (cluster: {ray.cluster_resources()})")
         return pg
 
-    def _in(self, pg, bundle: int) -> dict:
+    def _opts(self, slot: placement.Slot) -> dict:
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
-        return {"num_gpus": self.FRAC, "num_cpus": 0, "scheduling_strategy": PlacementGroupSchedulingStrategy(
-            placement_group=pg, placement_group_bundle_index=bundle, placement_group_capture_child_tasks=True)}
+        return {"num_gpus": slot.gpu_share, "num_cpus": 0, "scheduling_strategy": PlacementGroupSchedulingStrategy(
+            placement_group=self.pgs[slot.pool], placement_group_bundle_index=slot.bundle,
+            placement_group_capture_child_tasks=True)}
 
     def trainer(self, rank: int) -> dict:
-        return self._in(self.train_pg, rank)
+        return self._opts(self.layout.trainers[rank])
 
     def reference(self, rank: int) -> dict:
-        return self._in(self.ref_pg, rank)
+        return self._opts(self.layout.references[rank])
 
     def sampler(self, replica: int) -> tuple[dict, dict]:
-        first = replica * self.tp
-        opts = self._in(self.sample_pg, first)
-        if self.tp == 1:
-            return opts, {}
-        # TP > 1: this actor only drives vLLM; its TP workers hold the GPU shares. Taking none here
-        # keeps bundle 0 at trainer + reference + TP worker; the NOSET flag keeps the node's GPUs
-        # visible, so this process still sees CUDA (Ray would blank CUDA_VISIBLE_DEVICES).
-        opts["num_gpus"] = 0
-        return opts, {"VLLM_RAY_BUNDLE_INDICES": ",".join(str(first + k) for k in range(self.tp)),
-                      "VLLM_RAY_PER_WORKER_GPUS": str(self.FRAC), "RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES": "1"}
+        slot = self.layout.samplers[replica]
+        return self._opts(slot), dict(slot.env)
 
     def release(self) -> None:
         from ray.util.placement_group import remove_placement_group
-        for pg in {self.train_pg.id: self.train_pg, self.sample_pg.id: self.sample_pg, self.ref_pg.id: self.ref_pg}.values():
+        for pg in self.pgs.values():
             remove_placement_group(pg)
 
 
@@ -153,7 +138,7 @@ class Controller:
         self.trainers = [train_cls.options(runtime_env=env, **place.trainer(r)).remote(cfg.to_json(), r, cfg.training_gpus, True)
                          for r in range(cfg.training_gpus)]
         # The reference model: dedicated workers, or one worker sharing the trainer's devices.
-        n_ref = cfg.log_prob_gpus or 1
+        n_ref = placement.num_reference_workers(cfg)
         self.ref = [train_cls.options(runtime_env=env, **place.reference(r)).remote(cfg.to_json(), r, n_ref, False)
                     for r in range(n_ref)]
         self.samplers = []
@@ -424,7 +409,8 @@ class Controller:
                 except Exception as e:  # a dead actor raises RayActorError; report, don't crash health
                     engines[name] = {"ok": False, "error": str(e).splitlines()[0]}
         dead = [n for n, v in engines.items() if v["ok"] is False]
-        return {"ok": not dead, "job_id": self.job_id, "step": self.step, "dead": dead, "engines": engines}
+        return {"ok": not dead, "job_id": self.job_id, "step": self.step, "dead": dead, "engines": engines,
+                "asleep": [e for e in ENGINES if self.asleep[e]]}
 
     def reconnect_config(self) -> str:
         return self.cfg.to_json()

@@ -18,6 +18,8 @@ from typing import Any
 
 from skyrl_train.generators.base import GeneratorInput, GeneratorInterface, GeneratorOutput
 
+from arctic_rl.rewards import score_all
+
 # The vLLM sampling keys arctic-rl accepts (arctic_rl/engines/sampling.py); SkyRL's other keys are dropped
 # only when unset (None), anything else unknown is refused by the server with its name.
 _DROP_IF_NONE = ("stop", "logprobs", "top_k", "min_p")
@@ -43,6 +45,21 @@ def _runs(prompts: list) -> list[tuple[int, int]]:
     return runs
 
 
+def env_reward(env_class: str, env_config: dict, extras: dict, text: str) -> float:
+    """`env.step(text)["reward"]` of a fresh skyrl-gym env (module level: pool workers call it by name)."""
+    import skyrl_gym
+    from omegaconf import DictConfig
+
+    from recipes.skyrl.env import register
+
+    register()  # a pool worker is a fresh process: env_class "arctic" is registered there too
+    env = skyrl_gym.make(env_class, env_config=DictConfig(env_config), extras=extras)
+    try:
+        return float(env.step(text)["reward"])
+    finally:
+        env.close()
+
+
 class ArcticGenerator(GeneratorInterface):
     def __init__(self, cfg, tokenizer, client):
         from recipes.skyrl.env import register
@@ -50,16 +67,10 @@ class ArcticGenerator(GeneratorInterface):
         register()  # env_class "arctic" in this process (the one that makes the envs)
         self.cfg, self.tokenizer, self.client = cfg, tokenizer, client
 
-    def _reward(self, env_class: str, extras: dict, text: str) -> float:
-        import skyrl_gym
-        from omegaconf import DictConfig
+    def _env_config(self, env_class: str) -> dict:
+        from omegaconf import DictConfig, OmegaConf
 
-        env_config = self.cfg.environment.skyrl_gym.get(env_class, DictConfig({}))
-        env = skyrl_gym.make(env_class, env_config=env_config, extras=extras)
-        try:
-            return float(env.step(text)["reward"])
-        finally:
-            env.close()
+        return OmegaConf.to_container(self.cfg.environment.skyrl_gym.get(env_class, DictConfig({})), resolve=True)
 
     def _prompt_ids(self, messages: list[dict], example: dict) -> list[int]:
         text = self.tokenizer.apply_chat_template(list(messages), tokenize=False, add_generation_prompt=True,
@@ -88,8 +99,10 @@ class ArcticGenerator(GeneratorInterface):
             out = await asyncio.to_thread(self.client.generate, ids, {**params, "n": n})
             for k, (start, _) in enumerate(group):
                 samples[start:start + n] = out[k * n:(k + 1) * n]
-        rewards = [self._reward(env_class, extra, s["text"])
-                   for env_class, extra, s in zip(input_batch["env_classes"], extras, samples)]
+        classes = input_batch["env_classes"]
+        configs = [self._env_config(c) for c in classes]
+        # One skyrl-gym env per sample, scored in a process pool sized by this node's CPUs (arctic_rl.rewards).
+        rewards = await asyncio.to_thread(score_all, env_reward, classes, configs, extras, [s["text"] for s in samples])
         responses = [s["token_ids"] for s in samples]
         mean = sum(rewards) / max(1, len(rewards))
         return {

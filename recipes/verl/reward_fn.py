@@ -4,13 +4,15 @@
 
 Rows come from `python -m recipes.verl.recipe_data` (data_source "arctic_rl/<recipe>"; extra_info carries the
 recipe name and the example, JSON, minus its chat messages). The score is `recipes.<recipe>.reward(solution_str,
-example)`: the same function the arctic-rl loop uses. Used the same way by verl on arctic-rl and by native verl.
+example)`: the same function the arctic-rl loop uses, scored in arctic_rl.rewards' process pool. Used the same way by verl on arctic-rl and by native verl.
 """
 from __future__ import annotations
 
 import importlib
 import json
 from typing import Any
+
+from arctic_rl.rewards import score_one
 
 DATA_SOURCE_PREFIX = "arctic_rl/"
 
@@ -30,4 +32,6 @@ def compute_score(data_source: str, solution_str: str, ground_truth: Any = None,
     if data_source and data_source.startswith(DATA_SOURCE_PREFIX) and data_source[len(DATA_SOURCE_PREFIX):] != recipe:
         raise ValueError(f"data_source {data_source!r} does not match extra_info recipe {recipe!r}")
     module = importlib.import_module(f"recipes.{recipe}")
-    return float(module.reward(solution_str, example))
+    # verl's reward loop calls this from a thread per sample: each call takes a worker process of the pool
+    # (sized by this node's CPUs), so CPU-bound scoring runs in parallel; the score is the same.
+    return score_one(module.reward, solution_str, example)

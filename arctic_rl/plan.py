@@ -1,0 +1,475 @@
+"""`arctic-rl plan`: where every engine of a run goes on N nodes x G GPUs, what each GPU holds, and whether
+it fits, decided on the submitting machine before anything is queued.
+
+    arctic-rl plan recipes/text2sql/configs/bird_qwen3_32b.yaml --nodes 4 --gpus-per-node 8
+    plan = plan_run(load_run_config(path), nodes=4, gpus_per_node=8)   # raises ConfigError if it cannot fit
+    print(plan.render())
+
+Placement is the controller's own (arctic_rl.server.placement.gpu_layout); its pools of one-GPU bundles are
+laid over the nodes in order, as Ray's PACK strategy fills them. Memory is an estimate per GPU and per loop
+phase, in GiB:
+  trainer    ZeRO stage s over N ranks, DeepSpeed mixed precision: bf16 params (2 B/param), bf16 grads (2),
+             fp32 master + Adam m and v (12); stage 1 partitions the 12, stage 2 also the grads, stage 3 all
+             (fp32 training: 4 + 4 + 8). Plus DeepSpeed's default buckets (ZeRO-3: up to 1e9 live gathered
+             params and a 5e8-element reduce bucket; ZeRO-1/2: 5e8-element reduce and all-gather buckets).
+  activations  one micro-batch (training_config.micro_batch_size rows at the longest prompt and response; a
+             ZoRRo micro-batch holds each prompt once): with gradient checkpointing each layer's input
+             (layers x tokens x hidden) plus one layer's saved tensors, without it every layer's; plus the LM
+             head's chunk of fp32 logits. PyTorch's caching allocator keeps this reserved after the update.
+  reference  a frozen copy: ZeRO-3 over its workers, else the whole bf16 model on its one device.
+  sampler    vLLM takes gpu_memory_utilization x the GPU's memory (weights / TP, then KV cache in the rest).
+  context    about 0.5 GiB of CUDA context per process on the device.
+Phases when colocated (sync loop): gen (sampler awake, trainer and reference asleep), train (trainer awake,
+sampler asleep) and sync (both awake); what an asleep engine still holds is SLEEP_KEEPS. Split placement or
+async rollouts: every engine is awake all the time.
+"""
+from __future__ import annotations
+
+import json
+import math
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from arctic_rl.config import ArcticRLClientConfig
+from arctic_rl.errors import ConfigError
+from arctic_rl.runconfig import RunConfig
+from arctic_rl.server import placement
+
+GiB = 1024 ** 3
+CUDA_CONTEXT = 0.5 * GiB
+VLLM_OVERHEAD = 2 * GiB  # vLLM's profiled activations and non-torch memory inside its budget (enforce_eager)
+ZERO3_LIVE_PARAMS = 1e9  # DeepSpeed's stage3_max_live_parameters default
+ZERO_BUCKET = 5e8  # DeepSpeed's reduce_bucket_size / allgather_bucket_size defaults (elements)
+# What an engine still holds on the device while asleep, as a share of its awake memory. vLLM's sleep
+# level 1 offloads the weights and drops the KV cache; the trainer's and reference's sleep only mark them
+# asleep today (issue 17 makes them move their memory to the host).
+SLEEP_KEEPS = {"training": 1.0, "log_prob": 1.0, "sampling": 0.0}
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    params: int
+    layers: int
+    hidden: int
+    q_dim: int
+    kv_dim: int
+    head_dim: int
+    intermediate: int
+    vocab: int
+    source: str
+
+
+@dataclass
+class Engine:
+    """One engine actor's use of one GPU."""
+    label: str  # e.g. "trainer 3", "sampler 1 (TP 1/2)"
+    engine: str  # training | log_prob | sampling
+    awake_bytes: dict[str, float]  # component -> bytes while awake
+
+
+@dataclass
+class Gpu:
+    node: int
+    local: int  # GPU index on its node
+    pool: str
+    bundle: int
+    engines: list[Engine] = field(default_factory=list)
+    phases: dict[str, float] = field(default_factory=dict)  # phase -> bytes
+
+    @property
+    def peak(self) -> float:
+        return max(self.phases.values(), default=0.0)
+
+
+@dataclass
+class Plan:
+    run: str
+    nodes: int
+    gpus_per_node: int
+    cpus_per_node: int | None
+    gpu_memory: float
+    model: ModelShape
+    client: ArcticRLClientConfig
+    gpus: list[Gpu]
+    cpus_needed: list[int]  # per node: Ray CPUs the GPU bundles reserve
+    processes: list[int]  # per node: engine processes (trainer ranks, references, vLLM workers)
+    micro_batch_tokens: int
+    kv_tokens: int | None
+    phases: tuple[str, ...]
+    notes: list[str] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def fits(self) -> bool:
+        return not self.problems
+
+    def check(self) -> "Plan":
+        if self.problems:
+            raise ConfigError(f"{self.run} cannot run on {self.nodes} node(s) x {self.gpus_per_node} GPU(s): "
+                              + "; ".join(self.problems))
+        return self
+
+    def render(self) -> str:
+        c, m = self.client, self.model
+        out = [f"plan: {self.run} on {self.nodes} node(s) x {self.gpus_per_node} GPU(s) "
+               f"({_g(self.gpu_memory)} GiB each)",
+               f"model: {m.params / 1e9:.2f}B params ({m.source}); {m.layers} layers, hidden {m.hidden}",
+               f"engines: {c.training_gpus} trainer rank(s) ZeRO-{c.training_config.zero_stage}, "
+               f"{c.num_sampling_replicas} sampler replica(s) x TP {c.vllm_config.tensor_parallel_size}, "
+               f"{placement.num_reference_workers(c)} reference worker(s); "
+               + ("colocated" if c.colocate else "split") + f"; {len(self.gpus)} GPU bundle(s)",
+               "", "placement (node: GPU -> engines):"]
+        for node in range(self.nodes):
+            mine = [g for g in self.gpus if g.node == node]
+            out.append(f"  node {node}:" + (" (idle)" if not mine else ""))
+            out += [f"    gpu {g.local} [{g.pool} bundle {g.bundle}]: " + ", ".join(e.label for e in g.engines)
+                    for g in mine]
+        out += ["", f"memory per GPU, GiB (micro-batch {self.micro_batch_tokens} tokens"
+                + (f"; vLLM KV cache {self.kv_tokens} tokens per replica" if self.kv_tokens is not None else "")
+                + "):"]
+        for rows, g in _group_gpus(self.gpus):
+            parts = {}
+            for e in g.engines:
+                for k, v in e.awake_bytes.items():
+                    parts[f"{e.engine}/{k}"] = parts.get(f"{e.engine}/{k}", 0.0) + v
+            phases = ", ".join(f"{p} {_g(v)}" for p, v in g.phases.items())
+            verdict = "OK" if g.peak <= self.gpu_memory else "OVER"
+            out.append(f"  {rows}: peak {_g(g.peak)} of {_g(self.gpu_memory)} {verdict} ({phases})")
+            out.append("      " + ", ".join(f"{k} {_g(v)}" for k, v in parts.items() if v))
+        given = f"; given {self.cpus_per_node}" if self.cpus_per_node is not None else ""
+        out += ["", f"CPUs per node (Ray --num-cpus, at least the bundles' one each{given}):"]
+        out += [f"  node {i}: {n} reserved by GPU bundles, {p} engine processes"
+                for i, (n, p) in enumerate(zip(self.cpus_needed, self.processes))]
+        out += ["", *(f"note: {n}" for n in self.notes)]
+        out += ["", "verdict: fits" if self.fits else "verdict: does NOT fit"]
+        out += [f"  - {p}" for p in self.problems]
+        return "\n".join(out)
+
+
+def _g(b: float) -> str:
+    return f"{b / GiB:.1f}"
+
+
+def _group_gpus(gpus: list[Gpu]) -> list[tuple[str, Gpu]]:
+    """Runs of GPUs that hold the same engines kinds and memory, printed once."""
+    groups: list[tuple[list[Gpu], tuple]] = []
+    for g in gpus:
+        key = (tuple(sorted((e.engine, tuple(sorted(e.awake_bytes.items()))) for e in g.engines)),
+               tuple(g.phases.items()))
+        if groups and groups[-1][1] == key:
+            groups[-1][0].append(g)
+        else:
+            groups.append(([g], key))
+    names = []
+    for members, _ in groups:
+        a, b = members[0], members[-1]
+        name = f"node {a.node} gpu {a.local}" if a is b else f"node {a.node} gpu {a.local} .. node {b.node} gpu {b.local}"
+        names.append((f"{name} ({len(members)})" if a is not b else name, a))
+    return names
+
+
+# -- the model's size, never downloaded -----------------------------------------------------------------------
+def model_config(run: RunConfig, model_config_path: str | None = None):
+    """The HF config of the run's model: --model-config, a local model folder, the recipe's shipped
+    recipes/<name>/configs/models/<org>__<model>.json, or the local HF cache; never the network."""
+    from transformers import AutoConfig
+
+    name = run.model.name_or_path
+    if model_config_path:
+        return _config_from(Path(model_config_path)), model_config_path
+    if name == "demo" or Path(name).expanduser().exists():
+        path = run.model.path
+        return AutoConfig.from_pretrained(path), path
+    shipped = Path(__file__).resolve().parent.parent / "recipes" / run.recipe.name / "configs" / "models" / \
+        (name.replace("/", "__") + ".json")
+    if shipped.is_file():
+        return _config_from(shipped), str(shipped.relative_to(shipped.parents[4]))
+    try:
+        return AutoConfig.from_pretrained(name, local_files_only=True), f"{name} (HF cache)"
+    except (OSError, ValueError):
+        raise ConfigError(f"model.name_or_path={name!r}: no config to size it from: not a local folder, no "
+                          f"{shipped} and not in the HF cache; pass --model-config CONFIG.json") from None
+
+
+def _config_from(path: Path):
+    from transformers import AutoConfig
+
+    if path.is_dir():
+        return AutoConfig.from_pretrained(str(path))
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"model config {str(path)!r} is not a readable JSON file: {e}") from None
+    model_type = data.pop("model_type", None)
+    if not model_type:
+        raise ConfigError(f"model config {str(path)!r} has no model_type")
+    return AutoConfig.for_model(model_type, **data)
+
+
+def model_shape(hf_config, source: str) -> ModelShape:
+    """Exact parameter count from the architecture built on the meta device (no memory, no weights)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(hf_config)
+    params = sum(p.numel() for p in model.parameters())
+    c = hf_config.get_text_config() if hasattr(hf_config, "get_text_config") else hf_config
+    heads = c.num_attention_heads
+    head_dim = getattr(c, "head_dim", None) or c.hidden_size // heads
+    kv_heads = getattr(c, "num_key_value_heads", None) or heads
+    return ModelShape(params, c.num_hidden_layers, c.hidden_size, heads * head_dim, kv_heads * head_dim,
+                      head_dim, c.intermediate_size, c.vocab_size, source)
+
+
+# -- memory of each engine ------------------------------------------------------------------------------------
+def micro_batch_tokens(run: RunConfig, client: ArcticRLClientConfig) -> int:
+    """Tokens in one trainer micro-batch at the longest prompt and response the run allows."""
+    n, response = run.sampling.n, run.sampling.max_tokens
+    prompt = max(client.vllm_config.max_seq_len - response, 1)
+    rows = client.training_config.micro_batch_size
+    if client.training_config.zorro_train.enable:  # each prompt once, then its n responses
+        groups = math.ceil(rows / n)
+        return groups * prompt + rows * response
+    return rows * (prompt + response)
+
+
+def trainer_bytes(m: ModelShape, client: ArcticRLClientConfig, tokens: int) -> dict[str, float]:
+    tc = client.training_config
+    n, stage, psi = client.training_gpus, tc.zero_stage, m.params
+    p, g, o = (2, 2, 12) if tc.dtype == "bfloat16" else (4, 4, 8)
+    shard = {0: (1, 1, 1), 1: (1, 1, n), 2: (1, n, n), 3: (n, n, n)}[stage]
+    out = {"params": p * psi / shard[0], "grads": g * psi / shard[1], "optimizer": o * psi / shard[2]}
+    if stage == 3:
+        out["zero buffers"] = p * (min(ZERO3_LIVE_PARAMS, psi) + min(ZERO_BUCKET, psi))
+    elif stage in (1, 2):
+        out["zero buffers"] = p * 2 * min(ZERO_BUCKET, psi)
+    out["activations"] = activation_bytes(m, tokens, p, tc.gradient_checkpointing, tc.chunk_tokens)
+    out["context"] = CUDA_CONTEXT
+    return out
+
+
+def activation_bytes(m: ModelShape, tokens: int, b: int, checkpointing: bool, chunk_tokens: int) -> float:
+    # what autograd keeps of one decoder layer per token: norms, q/k/v and their rotated copies, attention
+    # output, the MLP's gate, up, activation and product (roughly)
+    layer = tokens * b * (3 * m.hidden + 4 * m.q_dim + 4 * m.kv_dim + 5 * m.intermediate)
+    kept = m.layers * tokens * m.hidden * b + layer if checkpointing else m.layers * layer
+    logits = 3 * min(chunk_tokens, tokens) * m.vocab * 4  # fp32 logits, log-softmax and its grad of a chunk
+    return kept + logits
+
+
+def reference_bytes(m: ModelShape, client: ArcticRLClientConfig) -> dict[str, float]:
+    tc = client.training_config
+    p = 2 if tc.dtype == "bfloat16" else 4
+    workers = placement.num_reference_workers(client)
+    if tc.zero_stage == 3:  # one worker alone holds the whole model and gathers nothing
+        out = {"params": p * m.params / workers, "zero buffers": p * min(ZERO3_LIVE_PARAMS, m.params) * (workers > 1)}
+    else:
+        out = {"params": p * m.params}
+    out["context"] = CUDA_CONTEXT
+    return out
+
+
+def sampler_bytes(m: ModelShape, client: ArcticRLClientConfig, gpu_memory: float) -> tuple[dict[str, float], int]:
+    """(bytes per TP worker, KV-cache tokens per replica)."""
+    vc = client.vllm_config
+    tp = vc.tensor_parallel_size
+    b = 4 if vc.dtype == "float32" or (vc.dtype == "auto" and client.training_config.dtype == "float32") else 2
+    budget = vc.gpu_memory_utilization * gpu_memory
+    weights = b * m.params / tp
+    kv = max(budget - weights - VLLM_OVERHEAD, 0.0)
+    kv_heads = max(m.kv_dim // m.head_dim // tp, 1)  # fewer KV heads than workers: vLLM replicates them
+    per_token = 2 * m.layers * kv_heads * m.head_dim * b  # K and V of every layer, this worker's heads
+    return {"weights": weights, "kv cache": kv, "overhead": VLLM_OVERHEAD}, int(kv // per_token) if per_token else 0
+
+
+# -- the plan -------------------------------------------------------------------------------------------------
+def make_plan(run: RunConfig, nodes: int, gpus_per_node: int, cpus_per_node: int | None = None,
+              gpu_memory_gib: float = 80.0, model_config_path: str | None = None, name: str = "config") -> Plan:
+    """The plan, with `problems` listing every reason it cannot run (empty: it fits)."""
+    for key, val in (("nodes", nodes), ("gpus_per_node", gpus_per_node)):
+        if not isinstance(val, int) or val < 1:
+            raise ConfigError(f"{key} must be a positive integer, got {val!r}")
+    if cpus_per_node is not None and cpus_per_node < 1:
+        raise ConfigError(f"cpus_per_node must be a positive integer, got {cpus_per_node!r}")
+    if not gpu_memory_gib > 0:
+        raise ConfigError(f"gpu_memory_gib must be > 0, got {gpu_memory_gib!r}")
+    # The backend section as the run will use it; YaRN needs the model's rope_theta, which changes no size.
+    client = run._client_config(resolve_yarn=False)
+    m = model_shape(*model_config(run, model_config_path))
+    gpu_memory = gpu_memory_gib * GiB
+    layout = placement.gpu_layout(client)
+    problems: list[str] = []
+    gpus = _lay_out(layout, client, nodes, gpus_per_node, problems)
+    tokens = micro_batch_tokens(run, client)
+    s_bytes, kv_tokens = sampler_bytes(m, client, gpu_memory)
+    _fill(gpus, layout, trainer_bytes(m, client, tokens), reference_bytes(m, client), s_bytes, problems)
+    phases = _phases(client, run)
+    for g in gpus.values():
+        g.phases = {ph: sum(_engine_bytes(e, awake) for e in g.engines) for ph, awake in phases.items()}
+    problems += _memory_problems(list(gpus.values()), phases, gpu_memory)
+    if kv_tokens < client.vllm_config.max_seq_len:
+        problems.append(f"vLLM's KV cache holds {kv_tokens} tokens per replica, less than backend.vllm_config."
+                        f"max_seq_len={client.vllm_config.max_seq_len}: raise gpu_memory_utilization="
+                        f"{client.vllm_config.gpu_memory_utilization} or tensor_parallel_size="
+                        f"{client.vllm_config.tensor_parallel_size} (vLLM would refuse to start)")
+    cpus, procs = _cpus_and_processes(gpus, layout, nodes)
+    if cpus_per_node is not None and max(cpus) > cpus_per_node:
+        problems.append(f"--cpus-per-node={cpus_per_node} but node {cpus.index(max(cpus))} needs {max(cpus)} Ray "
+                        f"CPUs for its GPU bundles (one each); Ray could not place them")
+    loaders = max(sum(e.engine != "sampling" for g in gpus.values() if g.node == k for e in g.engines)
+                  for k in range(nodes))
+    notes = _notes(run, client, m, phases, loaders, kv_tokens)
+    return Plan(name, nodes, gpus_per_node, cpus_per_node, gpu_memory, m, client, sorted(
+        gpus.values(), key=lambda g: (g.node, g.local)), cpus, procs, tokens, kv_tokens, tuple(phases), notes, problems)
+
+
+def _lay_out(layout: placement.GpuLayout, client: ArcticRLClientConfig, nodes: int, gpus_per_node: int,
+             problems: list[str]) -> dict[tuple[str, int], Gpu]:
+    """(pool, bundle) -> its GPU: bundles fill the nodes in pool order, as PACK does; any beyond the cluster
+    stay unplaced (and are a problem)."""
+    tp = client.vllm_config.tensor_parallel_size
+    if tp > gpus_per_node:
+        problems.append(f"backend.vllm_config.tensor_parallel_size={tp} is larger than --gpus-per-node="
+                        f"{gpus_per_node} (a replica's TP group must sit on one node)")
+    total = nodes * gpus_per_node
+    if layout.num_bundles > total:
+        problems.append(f"the engines need {layout.num_bundles} GPUs ({_pools(layout)}) but {nodes} node(s) x "
+                        f"{gpus_per_node} GPU(s) = {total}")
+    keys = [(pool, b) for pool, count in layout.pools.items() for b in range(count)][:total]
+    return {key: Gpu(i // gpus_per_node, i % gpus_per_node, *key) for i, key in enumerate(keys)}
+
+
+def _fill(gpus: dict, layout: placement.GpuLayout, t_bytes: dict, r_bytes: dict, s_bytes: dict,
+          problems: list[str]) -> None:
+    """Puts every engine on its GPU(s); a sampler's TP workers each on one of its bundles."""
+    for slot in layout.trainers:
+        _put(gpus, slot.pool, slot.bundle, Engine(f"trainer {slot.index}", "training", t_bytes))
+    for slot in layout.references:
+        _put(gpus, slot.pool, slot.bundle, Engine(f"reference {slot.index}", "log_prob", r_bytes))
+    for slot in layout.samplers:
+        tp = len(slot.devices)
+        for k, bundle in enumerate(slot.devices):
+            label = f"sampler {slot.index}" + (f" (TP {k + 1}/{tp})" if tp > 1 else "")
+            _put(gpus, slot.pool, bundle, Engine(label, "sampling", {**s_bytes, "context": CUDA_CONTEXT}))
+        nodes_of = {gpus[(slot.pool, b)].node for b in slot.devices if (slot.pool, b) in gpus}
+        if len(nodes_of) > 1:
+            problems.append(f"sampler replica {slot.index}'s TP group spans nodes {sorted(nodes_of)}")
+
+
+def _memory_problems(gpus: list[Gpu], phases: dict, gpu_memory: float) -> list[str]:
+    over = [g for g in gpus if g.peak > gpu_memory]
+    if not over:
+        return []
+    worst = max(over, key=lambda g: g.peak)
+    phase = max(worst.phases, key=worst.phases.get)
+    top = sorted(((f"{e.label} {k}", _engine_bytes(e, phases[phase], k)) for e in worst.engines
+                  for k in e.awake_bytes), key=lambda kv: -kv[1])[:4]
+    return [f"{len(over)} GPU(s) need more than {_g(gpu_memory)} GiB; the worst, node {worst.node} gpu {worst.local}, "
+            f"needs {_g(worst.peak)} GiB in phase {phase!r}, mostly " + ", ".join(f"{k} {_g(v)}" for k, v in top)]
+
+
+def _cpus_and_processes(gpus: dict, layout: placement.GpuLayout, nodes: int) -> tuple[list[int], list[int]]:
+    """Per node: Ray CPUs its GPU bundles reserve, and the engine processes it runs."""
+    cpus, procs = [0] * nodes, [0] * nodes
+    for g in gpus.values():
+        cpus[g.node] += int(placement.BUNDLE["CPU"])
+        procs[g.node] += len(g.engines)
+    for slot in layout.samplers:  # TP > 1: a driving actor of its own beside the TP workers
+        if slot.tp_bundles and (slot.pool, slot.bundle) in gpus:
+            procs[gpus[(slot.pool, slot.bundle)].node] += 1
+    return cpus, procs
+
+
+def plan_run(run: RunConfig, nodes: int, gpus_per_node: int, cpus_per_node: int | None = None,
+             gpu_memory_gib: float = 80.0, model_config_path: str | None = None, name: str = "config") -> Plan:
+    """make_plan, raising ConfigError with every reason when the run cannot fit."""
+    return make_plan(run, nodes, gpus_per_node, cpus_per_node, gpu_memory_gib, model_config_path, name).check()
+
+
+def _pools(layout: placement.GpuLayout) -> str:
+    return ", ".join(f"{name} {n}" for name, n in layout.pools.items())
+
+
+def _put(gpus: dict, pool: str, bundle: int, engine: Engine) -> None:
+    g = gpus.get((pool, bundle))
+    if g is not None:  # None: beyond the cluster, already a problem
+        g.engines.append(engine)
+
+
+def sleeps_while_colocated(client: ArcticRLClientConfig, run: RunConfig) -> bool:
+    """The loop puts engines to sleep around its phases only when they share devices and run in step."""
+    return run.sleep_engines and client.colocate and not run.async_.enable
+
+
+def _phases(client: ArcticRLClientConfig, run: RunConfig) -> dict[str, dict[str, bool]]:
+    if not sleeps_while_colocated(client, run):
+        return {"all": {"training": True, "log_prob": True, "sampling": True}}
+    ref = run.use_reference
+    return {"gen": {"training": False, "log_prob": False, "sampling": True},
+            "train": {"training": True, "log_prob": ref, "sampling": False},
+            "sync": {"training": True, "log_prob": False, "sampling": True}}
+
+
+def _engine_bytes(e: Engine, awake: dict[str, bool], part: str | None = None) -> float:
+    share = 1.0 if awake[e.engine] else SLEEP_KEEPS[e.engine]
+    parts = [part] if part else list(e.awake_bytes)
+    return sum(e.awake_bytes[k] * (1.0 if k == "context" else share) for k in parts)
+
+
+def _notes(run: RunConfig, client: ArcticRLClientConfig, m: ModelShape, phases: dict, loaders: int,
+           kv_tokens: int) -> list[str]:
+    notes = []
+    if "gen" in phases:
+        notes.append("colocated: the loop sleeps the sampler while training and the trainer/reference while "
+                     "generating; vLLM's sleep frees its memory, the trainer's and reference's do not yet (issue 17)")
+    if not run.use_reference:
+        notes.append("the loss uses no KL term, but the reference engine is deployed (and counted) all the same")
+    fp32_load = 4 * m.params
+    notes.append(f"host memory: each trainer/reference worker loads the whole model in fp32 ({_g(fp32_load)} GiB) "
+                 f"before DeepSpeed partitions it; the busiest node has {loaders} such workers "
+                 f"({_g(fp32_load * loaders)} GiB at start-up)")
+    if client.vllm_config.weight_sync == "reload":
+        notes.append(f"weight sync 'reload': trainer rank 0 gathers the whole model on the host "
+                     f"({_g(2 * m.params)} GiB in bf16) and ships it to every sampler replica through Ray's object store")
+    if not run.checkpoint.every:
+        notes.append("checkpoint.every=0: no checkpoints; a requeued job restarts from step 0")
+    notes.append("rewards are scored in a process pool on the driver's node, one worker per CPU the driver may "
+                 "use (os.sched_getaffinity): give that node CPUs beyond the bundles' for it")
+    group = max(client.vllm_config.max_seq_len - run.sampling.max_tokens, 1) + run.sampling.n * run.sampling.max_tokens
+    notes.append(f"vLLM KV cache: {kv_tokens} tokens per replica; one prompt group at the longest lengths takes "
+                 f"{group} (prompt once with prefix caching + n responses): "
+                 + ("it fits at once" if kv_tokens >= group else "vLLM runs its samples in turns (preemption)"))
+    return notes
+
+
+# -- the command ----------------------------------------------------------------------------------------------
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    from arctic_rl.runconfig import load_run_config
+
+    p = argparse.ArgumentParser(prog="arctic-rl plan", description="Where a run's engines go on N nodes x G GPUs, "
+                                "the memory each GPU needs, the CPUs each node needs; exits 1 when it cannot fit.")
+    p.add_argument("config", help="run config YAML")
+    p.add_argument("overrides", nargs="*", help="dotted.key=value, value parsed as YAML")
+    p.add_argument("--nodes", type=int, required=True)
+    p.add_argument("--gpus-per-node", type=int, required=True)
+    p.add_argument("--cpus-per-node", type=int, default=None, help="CPUs per node the job gets (Ray --num-cpus)")
+    p.add_argument("--gpu-memory-gib", type=float, default=80.0, help="memory of one GPU (default 80)")
+    p.add_argument("--model-config", default=None, help="an HF config.json (or folder) to size a hub model from")
+    a = p.parse_args(argv)
+    try:
+        plan = make_plan(load_run_config(a.config, a.overrides), a.nodes, a.gpus_per_node, a.cpus_per_node,
+                         a.gpu_memory_gib, a.model_config, name=a.config)
+    except ConfigError as e:
+        print(f"arctic-rl plan: {e}", file=sys.stderr)
+        return 2
+    print(plan.render())
+    if not plan.fits:
+        print(f"arctic-rl plan: {a.config} cannot run on {a.nodes} node(s) x {a.gpus_per_node} GPU(s): "
+              + "; ".join(plan.problems), file=sys.stderr)
+        return 1
+    return 0
+
