@@ -33,6 +33,7 @@ def recipe(
     max_retries: int = 0,
     register_timeout_s: int = 300,
     ray_args: str = "",
+    skip_plan: bool = False,
 ) -> specs.AppDef:
     """Runs an arctic-rl recipe on a Ray cluster brought up over the job's nodes.
 
@@ -50,12 +51,14 @@ def recipe(
         max_retries: times the job is requeued after a failure; it resumes from its last checkpoint
         register_timeout_s: how long the head waits for all nodes to join Ray
         ray_args: extra `ray start` flags for every node
+        skip_plan: submit even when `arctic-rl plan` (run first on GPU nodes) says the run cannot fit
     """
     launch.check_recipe(recipe)
     # The component runs at `torchx run` time, on the submitting machine: the job folder and the MLflow
     # URI are fixed here, so every retry of this job shares them.
     job_dir = launch.new_job_dir(recipe, job_root)
-    cmd = launch.prepare(recipe, config or None, overrides, job_dir, command or None)
+    cmd = launch.prepare(recipe, config or None, overrides, job_dir, command or None, nodes=nodes,
+                         gpus_per_node=gpus_per_node, cpus_per_node=cpus_per_node or None, plan=not skip_plan)
     args = [
         "-m", "jobs.bootstrap", f"--job-dir={job_dir}", f"--nnodes={nodes}", f"--rank={specs.macros.replica_id}",
         f"--head-env={specs.macros.rank0_env}", f"--recipe={recipe}",

@@ -74,26 +74,36 @@ def recipe_command(
     return [arctic, "run", config, *overrides, *extra]
 
 
-def validate_run(config: str, overrides: Sequence[str]) -> None:
+def validate_run(config: str, overrides: Sequence[str], nodes: int = 1, gpus_per_node: int = 0,
+                 cpus_per_node: int | None = None, plan: bool = True) -> str | None:
     """The run config with its overrides, validated here, on the submitting machine, before anything is
     queued: a wrong key fails in a second (naming the key and the allowed keys), not on a compute node after
-    the job waited in the queue."""
+    the job waited in the queue. On GPU nodes also `arctic-rl plan`'s check (engines per GPU, memory per GPU,
+    CPUs per node): a run that cannot fit fails here with every reason. Returns the rendered plan, if any."""
     from arctic_rl.errors import ConfigError
     from arctic_rl.runconfig import load_run_config
 
     try:
-        load_run_config(config, list(overrides))
+        run = load_run_config(config, list(overrides))
+        if not (plan and gpus_per_node):
+            return None
+        from arctic_rl.plan import plan_run
+        return plan_run(run, nodes, gpus_per_node, cpus_per_node, name=config).render()
     except ConfigError as err:
-        raise ValueError(str(err)) from None
+        hint = " (--skip-plan submits anyway)" if plan and gpus_per_node else ""
+        raise ValueError(f"{err}{hint}") from None
 
 
-def prepare(recipe: str, config: str | None, overrides: Sequence[str], job_dir: Path,
-            command: str | None = None) -> list[str]:
-    """What both launchers do before submitting: resolve the config, validate it, build the command."""
+def prepare(recipe: str, config: str | None, overrides: Sequence[str], job_dir: Path, command: str | None = None,
+            nodes: int = 1, gpus_per_node: int = 0, cpus_per_node: int | None = None, plan: bool = True) -> list[str]:
+    """What both launchers do before submitting: resolve the config, validate it (and on GPU nodes plan it,
+    printing the plan), build the command."""
     if is_native(command):
         return recipe_command(config, overrides, job_dir, command)
     resolved = resolve_config(recipe, config)
-    validate_run(resolved, overrides)
+    rendered = validate_run(resolved, overrides, nodes, gpus_per_node, cpus_per_node, plan)
+    if rendered:
+        print(rendered, flush=True)
     return recipe_command(resolved, overrides, job_dir)
 
 

@@ -91,6 +91,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--register-timeout-s", type=float, default=300.0, help="wait for all nodes to join Ray")
     s.add_argument("--ray-args", default="", help="extra `ray start` flags for every node, one quoted string")
     s.add_argument("--wait", action="store_true", help="wait for the job to end and report how it ended")
+    s.add_argument("--skip-plan", action="store_true", help="submit even when `arctic-rl plan` (run first on GPU "
+                   "nodes) says the run cannot fit")
     return p
 
 
@@ -125,7 +127,9 @@ def make_executor(args: argparse.Namespace, job_dir: Path) -> submitit.AutoExecu
 
 
 def make_template(args: argparse.Namespace, job_dir: Path) -> bootstrap.BootstrapConfig:
-    command = launch.prepare(args.recipe, args.config, args.overrides, job_dir, args.command)
+    command = launch.prepare(args.recipe, args.config, args.overrides, job_dir, args.command, nodes=args.nodes,
+                             gpus_per_node=args.gpus_per_node, cpus_per_node=args.cpus_per_node,
+                             plan=not args.skip_plan)
     return bootstrap.BootstrapConfig(
         command=command, job_dir=job_dir, num_cpus=args.cpus_per_node,
         num_gpus=args.gpus_per_node if args.gpus_per_node else None,

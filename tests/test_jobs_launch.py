@@ -123,3 +123,18 @@ def test_checkpoint_lets_the_requeue_survive_sigterm() -> None:
         return out.stdout.split()
     assert child("") == ["-15"]  # without the checkpoint, the child dies of the signal
     assert child("job.checkpoint()\n") == ["0", "alive"]
+
+
+def test_launchers_plan_gpu_runs_before_queueing(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """On GPU nodes both launchers run `arctic-rl plan` first: a run that fits prints its plan, one that
+    cannot fit is refused with the plan's reasons before anything is queued (--skip-plan overrides)."""
+    cmd = launch.prepare("text2sql", None, ["backend.training_gpus=2", "backend.sampling_gpus=2"], tmp_path,
+                         nodes=2, gpus_per_node=1)
+    assert cmd[1] == "run" and "engines" in capsys.readouterr().out.lower()
+    big = str(REPO / "recipes" / "text2sql" / "configs" / "bird_qwen3_32b.yaml")
+    with pytest.raises(ValueError, match=r"cannot (run|fit).*--skip-plan submits anyway"):
+        launch.prepare("text2sql", big, [], tmp_path, nodes=1, gpus_per_node=8)
+    with pytest.raises(ValueError, match="--skip-plan"):
+        recipe(recipe="text2sql", config=big, nodes=1, gpus_per_node=8, job_root=str(tmp_path / "jobs"))
+    assert launch.prepare("text2sql", big, [], tmp_path, nodes=1, gpus_per_node=8, plan=False)[2] == big
+    assert not (tmp_path / "jobs").exists()
