@@ -3,6 +3,7 @@
     arctic-rl run CONFIG.yaml [dotted.key=value ...]   the reference GRPO loop (arctic_rl.loop)
     arctic-rl serve --config CFG.json [...]            the HTTP backend (arctic_rl.server.http)
     arctic-rl compare ...                              phase speedups from MLflow runs (arctic_rl.compare)
+    arctic-rl export CKPT --out DIR                    a checkpoint as a Hugging Face folder (arctic_rl.export)
     arctic-rl demo-model ...                           the bundled small model (arctic_rl.demo_model)
 
 Subcommands import their module only when run, so `arctic-rl --help` stays fast.
@@ -48,6 +49,9 @@ def main(argv: list[str] | None = None) -> int:
     if cmd == "compare":
         from arctic_rl.compare import main as compare
         return compare(rest) or 0
+    if cmd == "export":
+        from arctic_rl.export import main as export
+        return export(rest) or 0
     if cmd == "demo-model":
         from arctic_rl.demo_model import main as demo_model
         return demo_model(rest) or 0
