@@ -108,7 +108,8 @@ def generate(model: str, prompts: Sequence[Sequence[int]], sampling: dict[str, A
         return Replica(model, options).generate(prompts, sampling)
     import ray
 
-    ray.init(address=os.environ.get("RAY_ADDRESS"), ignore_reinit_error=True, log_to_driver=False)
+    # Without RAY_ADDRESS a fresh local Ray ("local"), never whatever other Ray happens to run on this host.
+    ray.init(address=os.environ.get("RAY_ADDRESS") or "local", ignore_reinit_error=True, log_to_driver=False)
     num_gpus = options.tensor_parallel_size if _cuda() else 0
     remote = ray.remote(num_gpus=num_gpus, num_cpus=1)(Replica)
     actors = [remote.remote(model, options, seed) for seed in range(options.replicas)]
