@@ -145,6 +145,14 @@ def test_export_holds_exactly_the_trained_weights(reference_run, exported, tiny_
     with torch.no_grad():
         lp = response_log_probs(model, batch)["log_probs"]
     assert (lp - reference_run["lp_at_ckpt"])[mask].abs().max() < 1e-5
+    # --dtype casts the same weights; the config says so, for whoever loads the folder
+    from arctic_rl.cli import main as cli
+
+    bf16 = exported.parent / "step2-bf16"
+    assert cli(["export", str(reference_run["ckpt"]), "--out", str(bf16), "--dtype", "bfloat16"]) == 0
+    weights = load_file(bf16 / "model.safetensors")
+    assert all(torch.equal(weights[k.removeprefix("model.")], v.to(torch.bfloat16)) for k, v in module.items())
+    assert AutoModelForCausalLM.from_pretrained(bf16).dtype == torch.bfloat16
 
 
 def test_export_refuses_what_is_not_a_checkpoint(tmp_path, capsys):
