@@ -9,7 +9,7 @@ One step (verl's phase names, logged as timing_s/<phase>):
   reward         recipe.reward(assistant_prefix + text, example)
   adv            GRPO / Dr.GRPO / RLOO over each prompt's group (arctic_rl.advantages)
   old_log_prob   the trainer's log-probs of the samples (PPO's pi_old; in async mode the proximal policy)
-  ref            the reference model's log-probs, only when the loss has a KL term
+  ref            the reference model's log-probs, only when the loss has a KL term (else not logged)
   update_actor   ppo_epochs x mini-batches (whole prompt groups, in order): forward_backward + optimizer_step
   update_weights sync_weights: trainer -> sampler
 Checkpoints (checkpoint.every): the backend's save_checkpoint (weights, optimizer, scheduler) into
@@ -229,10 +229,10 @@ def train_step(cfg: RunConfig, client: ArcticRLClient, recipe, rollout: Rollout,
     t0 = time.perf_counter()
     batch["old_log_probs"] = client.log_probs(batch)["log_probs"]
     t["old_log_prob"] = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    if cfg.use_reference:
+    if cfg.use_reference:  # else no timing_s/ref, as verl: a phase that did not run has no time (nor tokens/s)
+        t0 = time.perf_counter()
         batch["ref_log_prob"] = client.log_probs(batch, reference=True)["log_probs"]
-    t["ref"] = time.perf_counter() - t0
+        t["ref"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
     loss_config = dict(cfg.loss.config)
@@ -430,7 +430,8 @@ def run(cfg: RunConfig, client: ArcticRLClient | None = None, *, stop_after: int
 
 
 def _step_line(step: int, total: int, m: dict[str, float]) -> str:
-    phases = " ".join(f"{p} {m.get(tracking.TIMING_PREFIX + p, 0.0):.2f}s" for p in tracking.PHASES)
+    phases = " ".join(f"{p} {m[tracking.TIMING_PREFIX + p]:.2f}s" for p in tracking.PHASES
+                      if tracking.TIMING_PREFIX + p in m)
     loss = m.get("actor/pg_loss", float("nan"))
     return (f"step {step}/{total} | reward {m[tracking.REWARD_MEAN]:.3f} | len {m[tracking.RESPONSE_LENGTH_MEAN]:.1f}"
             f" | pg_loss {loss:+.4f} | {phases} | {m[tracking.PERF_THROUGHPUT]:.0f} tok/s/gpu")
