@@ -125,8 +125,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as e:
         print(f"arctic-rl export: {e}", file=sys.stderr)
         return 2
-    step = read_meta(Path(args.checkpoint).expanduser().resolve()).get("step")
-    print(f"exported step {step} of {args.checkpoint} to {out}")
+    step = read_meta(Path(args.checkpoint).expanduser().resolve()).get("step")  # the backend's optimizer steps
+    print(f"exported {args.checkpoint} (optimizer step {step}) to {out}")
     return 0
 
 
