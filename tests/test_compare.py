@@ -167,7 +167,8 @@ def test_compare_matched_runs_median_iqr_and_tokens_per_s(tmp_path: Path, capsys
     assert (float(loop["median_s"]), float(loop["iqr_s"])) == (15, 10)
     assert (float(loop["median_tokens_per_s"]), float(loop["iqr_tokens_per_s"])) == (150, 100)
     assert (float(verl["median_s"]), float(verl["iqr_s"])) == (30, 20)
-    assert float(verl["median_tokens_per_s"]) == pytest.approx(75) and float(verl["iqr_tokens_per_s"]) == pytest.approx(50)
+    assert float(verl["median_tokens_per_s"]) == pytest.approx(75)
+    assert float(verl["iqr_tokens_per_s"]) == pytest.approx(50)
     assert float(loop["speedup"]) == 2 and float(rows[("arctic-rl", "arctic-rl", "gen")]["speedup"]) == 2
     assert loop["nodes"] == "1" and loop["max_response_length"] == "512"
     assert (tmp_path / "compare.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -184,7 +185,8 @@ def test_compare_refuses_runs_of_different_setups(tmp_path: Path, capsys: pytest
             "gpus: 16 vs 8") in out.err
     assert "speedup" not in out.out and "1 refused" in out.out
     rows = read_csv(tmp_path / "compare.csv")
-    assert rows[("arctic-rl", "arctic-rl", "step")]["speedup"] == "" and rows[("arctic-rl", "arctic-rl", "step")]["nodes"] == "2"
+    loop = rows[("arctic-rl", "arctic-rl", "step")]
+    assert loop["speedup"] == "" and loop["nodes"] == "2"
 
 
 def test_a_setup_nobody_logged_is_not_comparable() -> None:
