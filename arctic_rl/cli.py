@@ -4,6 +4,7 @@
     arctic-rl serve --config CFG.json [...]            the HTTP backend (arctic_rl.server.http)
     arctic-rl compare ...                              phase speedups from MLflow runs (arctic_rl.compare)
     arctic-rl plan CONFIG.yaml --nodes N --gpus-per-node G   placement, memory, CPUs; exit 1 if it cannot fit
+    arctic-rl export CKPT --out DIR                    a checkpoint as a Hugging Face folder (arctic_rl.export)
     arctic-rl demo-model ...                           the bundled small model (arctic_rl.demo_model)
 
 Subcommands import their module only when run, so `arctic-rl --help` stays fast.
@@ -52,10 +53,13 @@ def main(argv: list[str] | None = None) -> int:
     if cmd == "plan":
         from arctic_rl.plan import main as plan
         return plan(rest)
+    if cmd == "export":
+        from arctic_rl.export import main as export
+        return export(rest) or 0
     if cmd == "demo-model":
         from arctic_rl.demo_model import main as demo_model
         return demo_model(rest) or 0
-    print(f"arctic-rl: unknown command {cmd!r}; expected one of run, serve, compare, demo-model\nusage:\n{USAGE}",
+    print(f"arctic-rl: unknown command {cmd!r}; expected one of run, serve, compare, plan, export, demo-model\nusage:\n{USAGE}",
           file=sys.stderr)
     return 2
 

@@ -9,7 +9,7 @@ One step (verl's phase names, logged as timing_s/<phase>):
   reward         recipe.reward(assistant_prefix + text, example), in a process pool (arctic_rl.rewards)
   adv            GRPO / Dr.GRPO / RLOO over each prompt's group (arctic_rl.advantages)
   old_log_prob   the trainer's log-probs of the samples (PPO's pi_old; in async mode the proximal policy)
-  ref            the reference model's log-probs, only when the loss has a KL term
+  ref            the reference model's log-probs, only when the loss has a KL term (else not logged)
   update_actor   ppo_epochs x mini-batches (whole prompt groups, in order): forward_backward + optimizer_step
   update_weights sync_weights: trainer -> sampler
 Colocated engines (backend.colocate, sync loop, sleep_engines): the trainer and reference sleep during gen,
@@ -189,7 +189,23 @@ def _tupled(x: Any) -> Any:
 
 
 # -- tracking ------------------------------------------------------------------------------------------------
-def open_tracker(cfg: RunConfig, run_id: str | None) -> tracking.Tracker:
+def run_setup(cfg: RunConfig, client: ArcticRLClient, num_gpus: int) -> dict[str, str]:
+    """The setup tags `arctic-rl compare` groups runs by (tracking.SETUP_TAGS). Nodes are those the engines
+    landed on. The longest prompt is what the sampler admits with room for max_tokens (how the SkyRL recipe
+    maps its max_prompt_length too). A job launcher's ARCTIC_RL_NODES / ARCTIC_RL_GPUS win, as they do for
+    the verl and SkyRL runs of the same job."""
+    engines = client.health().get("engines", {})
+    nodes = len({e["node_id"] for e in engines.values() if e.get("node_id")}) or 1
+    setup = {tracking.TAG_MODEL: cfg.model.name_or_path, tracking.TAG_NODES: str(nodes),
+             tracking.TAG_GPUS: str(num_gpus),
+             tracking.TAG_PROMPTS_PER_STEP: str(cfg.train.prompts_per_step), tracking.TAG_N: str(cfg.sampling.n),
+             tracking.TAG_MAX_PROMPT_LENGTH: str(client.config.vllm_config.max_seq_len - cfg.sampling.max_tokens),
+             tracking.TAG_MAX_RESPONSE_LENGTH: str(cfg.sampling.max_tokens)}
+    from_env = {tag for env, tag in tracking.ENV_DEFAULT_TAGS.items() if os.environ.get(env)}
+    return {k: v for k, v in setup.items() if k not in from_env}
+
+
+def open_tracker(cfg: RunConfig, run_id: str | None, setup: dict[str, str] | None = None) -> tracking.Tracker:
     """Continues the run a checkpoint names (same tracking store), else starts one."""
     if run_id:
         from mlflow.tracking import MlflowClient
@@ -201,7 +217,8 @@ def open_tracker(cfg: RunConfig, run_id: str | None) -> tracking.Tracker:
         except Exception:  # the store moved (another MLFLOW_TRACKING_URI): keep going in a new run
             pass
     tags = {tracking.TAG_FRAMEWORK: tracking.FRAMEWORK_ARCTIC, tracking.TAG_BACKEND: tracking.BACKEND_ARCTIC,
-            tracking.TAG_RECIPE: cfg.recipe.name, tracking.TAG_MODEL: cfg.model.name_or_path, **cfg.tracking.tags}
+            tracking.TAG_RECIPE: cfg.recipe.name, tracking.TAG_MODEL: cfg.model.name_or_path, **(setup or {}),
+            **cfg.tracking.tags}
     return tracking.Tracker.start(cfg.tracking.experiment or cfg.recipe.name, run_name=cfg.tracking.run_name,
                                   tags=tags, params=cfg.model_dump(by_alias=True, mode="json"))
 
@@ -274,10 +291,10 @@ def train_step(cfg: RunConfig, client: ArcticRLClient, recipe, rollout: Rollout,
     t0 = time.perf_counter()
     batch["old_log_probs"] = client.log_probs(batch)["log_probs"]
     t["old_log_prob"] = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    if cfg.use_reference:
+    if cfg.use_reference:  # else no timing_s/ref, as verl: a phase that did not run has no time (nor tokens/s)
+        t0 = time.perf_counter()
         batch["ref_log_prob"] = client.log_probs(batch, reference=True)["log_probs"]
-    t["ref"] = time.perf_counter() - t0
+        t["ref"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
     loss_config = dict(cfg.loss.config)
@@ -398,7 +415,9 @@ def run(cfg: RunConfig, client: ArcticRLClient | None = None, *, stop_after: int
     ckpt_root.mkdir(parents=True, exist_ok=True)
     resume = resume_path(cfg)
     state = load_checkpoint(client, resume) if resume else LoopState()
-    tracker = open_tracker(cfg, state.run_id)
+    num_gpus = client.config.training_gpus + (0 if client.config.colocate else
+                                              client.config.sampling_gpus + client.config.log_prob_gpus)
+    tracker = open_tracker(cfg, state.run_id, None if state.run_id else run_setup(cfg, client, num_gpus))
     state.run_id = tracker.run_id
     tracker.set_tags(tracking.placement_tags(client.health()))
     flush_metrics(tracker, state)
@@ -413,8 +432,6 @@ def run(cfg: RunConfig, client: ArcticRLClient | None = None, *, stop_after: int
 
     rollouts = (AsyncRollouts(client, make_request, cfg.async_.max_staleness, last) if cfg.async_.enable
                 else SyncRollouts(client, make_request))
-    num_gpus = client.config.training_gpus + (0 if client.config.colocate else
-                                              client.config.sampling_gpus + client.config.log_prob_gpus)
     eval_options = stage_options(cfg, cfg.eval.options)
     eval_examples = recipe.load_examples(cfg.eval.split, **eval_options) if cfg.eval.split else []
     eval_examples = eval_examples[:cfg.eval.limit] if cfg.eval.limit else eval_examples
@@ -455,7 +472,8 @@ def run(cfg: RunConfig, client: ArcticRLClient | None = None, *, stop_after: int
             sleep.after_gen()
             metrics = train_step(cfg, client, recipe, rollout, pad_id, before_sync)
             metrics[tracking.TIMING_STEP] = time.perf_counter() - t0
-            metrics[tracking.PERF_THROUGHPUT] = metrics.pop("_num_tokens") / metrics[tracking.TIMING_STEP] / num_gpus
+            tokens = metrics[tracking.PERF_TOTAL_NUM_TOKENS] = metrics.pop("_num_tokens")
+            metrics[tracking.PERF_THROUGHPUT] = tokens / metrics[tracking.TIMING_STEP] / num_gpus
             state.step = step
             state.rewards.append(metrics[tracking.REWARD_MEAN])
             history.append(metrics)
@@ -490,7 +508,8 @@ def run(cfg: RunConfig, client: ArcticRLClient | None = None, *, stop_after: int
 
 
 def _step_line(step: int, total: int, m: dict[str, float]) -> str:
-    phases = " ".join(f"{p} {m.get(tracking.TIMING_PREFIX + p, 0.0):.2f}s" for p in tracking.PHASES)
+    phases = " ".join(f"{p} {m[tracking.TIMING_PREFIX + p]:.2f}s" for p in tracking.PHASES
+                      if tracking.TIMING_PREFIX + p in m)
     loss = m.get("actor/pg_loss", float("nan"))
     return (f"step {step}/{total} | reward {m[tracking.REWARD_MEAN]:.3f} | len {m[tracking.RESPONSE_LENGTH_MEAN]:.1f}"
             f" | pg_loss {loss:+.4f} | {phases} | {m[tracking.PERF_THROUGHPUT]:.0f} tok/s/gpu")

@@ -2,9 +2,10 @@
 
 Every run of a recipe (the arctic-rl reference loop, verl or SkyRL driving arctic-rl, native verl, native
 SkyRL) logs to one MLflow experiment per recipe, tagged with `framework`, `backend`, `recipe`, `model`,
-`nodes`, `gpus`; `arctic-rl compare` (arctic_rl/compare.py) reads them back. Timing metrics use verl's
-names (`timing_s/<phase>`, from verl/trainer/ppo/metric_utils.py) so that our runs and native verl runs
-line up without a mapping; SkyRL's names (`timing/<name>`) are mapped in compare.py.
+`nodes`, `gpus` (the reference loop: all of SETUP_TAGS); `arctic-rl compare` (arctic_rl/compare.py) reads
+them back. Timing metrics use verl's names (`timing_s/<phase>`, from verl/trainer/ppo/metric_utils.py) so
+that our runs and native verl runs line up without a mapping; SkyRL's names (`timing/<name>`) are mapped in
+compare.py.
 
     from arctic_rl.tracking import Tracker, TIMING_GEN, TAG_FRAMEWORK, FRAMEWORK_ARCTIC
     tracker = Tracker.start("text2sql", run_name="grpo-smollm2", tags={TAG_FRAMEWORK: FRAMEWORK_ARCTIC},
@@ -40,6 +41,7 @@ TIMING_UPDATE_WEIGHTS = "timing_s/update_weights"
 TIMING_STEP = "timing_s/step"
 TIMING_PREFIX = "timing_s/"
 PERF_THROUGHPUT = "perf/throughput"  # tokens / s / GPU, as verl computes it
+PERF_TOTAL_NUM_TOKENS = "perf/total_num_tokens"  # prompt + response tokens of the step, as verl logs it
 REWARD_MEAN = "critic/rewards/mean"
 RESPONSE_LENGTH_MEAN = "response_length/mean"
 # The phases of one step, in execution order; `step` is the whole step (end to end).
@@ -52,9 +54,16 @@ TAG_RECIPE = "recipe"
 TAG_MODEL = "model"
 TAG_NODES = "nodes"
 TAG_GPUS = "gpus"  # total GPUs of the run
+# The rest of a run's setup: runs are only compared (arctic-rl compare) when all of SETUP_TAGS agree.
+TAG_PROMPTS_PER_STEP = "prompts_per_step"
+TAG_N = "n"  # responses per prompt
+TAG_MAX_PROMPT_LENGTH = "max_prompt_length"  # tokens
+TAG_MAX_RESPONSE_LENGTH = "max_response_length"  # tokens
 TAG_SLURM_JOB_ID = "slurm_job_id"
 TAG_RESUME_KEY = "arctic_rl.resume_key"
 STANDARD_TAGS = (TAG_FRAMEWORK, TAG_BACKEND, TAG_RECIPE, TAG_MODEL, TAG_NODES, TAG_GPUS)
+SETUP_TAGS = (TAG_MODEL, TAG_NODES, TAG_GPUS, TAG_PROMPTS_PER_STEP, TAG_N, TAG_MAX_PROMPT_LENGTH,
+              TAG_MAX_RESPONSE_LENGTH)
 FRAMEWORK_ARCTIC = "arctic-rl"
 FRAMEWORK_VERL = "verl"
 FRAMEWORK_SKYRL = "skyrl"

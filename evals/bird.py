@@ -1,7 +1,8 @@
 """BIRD execution accuracy (EX), computed as BIRD's official evaluation computes it.
 
     python -m evals.bird --data DIR --split dev --predictions predict_dev.json [--out report.json]
-    python -m evals.bird --data DIR --split dev --model /ckpt/step_200 --predictions predict_dev.json
+    python -m evals.bird --data DIR --split dev --model exports/step_200 --predictions predict_dev.json \
+        [--gpus 8 --tensor-parallel-size 2]
 
 --predictions is BIRD's official prediction file: {"<question_id>": "<SQL>\\t----- bird -----\\t<db_id>"}.
 A prediction is correct when it and the gold SQL both run on the question's database and their
@@ -11,8 +12,9 @@ correct / count x 100, overall and per difficulty (simple / moderate / challengi
 counts, as BIRD prints it. Predictions run through the same sandbox as the training reward
 (read-only, out of process), so a hostile prediction file cannot change the databases.
 
-With --model, predictions are first generated (greedy) through the arctic-rl client and written
-to --predictions in the official format, then scored.
+With --model (a Hugging Face folder, e.g. from `arctic-rl export`), predictions are first generated
+(greedy) with vLLM alone (evals/sampler.py: --gpus, --tensor-parallel-size, --max-model-len, ...) and
+written to --predictions in the official format, then scored.
 """
 from __future__ import annotations
 
@@ -27,6 +29,7 @@ from typing import Any
 
 from tqdm import tqdm
 
+from evals.sampler import VLLMOptions, add_vllm_args
 from recipes.text2sql.data import load_bird_split
 from recipes.text2sql.reward import results_match
 from recipes.text2sql.sandbox import SQLSandbox
@@ -119,43 +122,26 @@ def print_report(report: dict[str, Any], out: Any = None) -> None:
 
 
 def generate_predictions(examples: Sequence[dict], model_path: str, *, max_tokens: int = 4096,
-                         batch_size: int = 64, client_options: dict[str, Any] | None = None) -> dict[int, str]:
-    """question_id -> SQL, by greedy generation through the arctic-rl client.
-
-    UNTESTED: written against the client API of the design (ArcticRLClientConfig,
-    create_arctic_rl_client, client.generate(prompts, sampling) -> samples with "text") before the
-    client could run here. Prompts are the examples' messages with the model's
-    chat template applied, plus the example's assistant_prefix; generation stops at the closing
-    fence when the prefix opened one.
-    """
+                         options: VLLMOptions | None = None) -> dict[int, str]:
+    """question_id -> SQL, by greedy generation with vLLM (evals.sampler: no trainer is deployed). Prompts
+    are the examples' messages with the model's chat template applied, plus the example's assistant_prefix;
+    generation stops at the closing fence when the prefix opened one."""
     from transformers import AutoTokenizer
 
-    from arctic_rl import ArcticRLClientConfig, create_arctic_rl_client
+    from evals.sampler import generate
     from recipes.text2sql.extract import extract_sql
 
     tokenizer = AutoTokenizer.from_pretrained(model_path, local_files_only=True)
     prefixes = [ex.get("assistant_prefix", "") for ex in examples]
     prompts = [tokenizer.apply_chat_template(ex["messages"], tokenize=False, add_generation_prompt=True) + p
                for ex, p in zip(examples, prefixes)]
+    # The template already holds any BOS: no special tokens added again.
+    ids = [tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts]
     stop = ["```"] if any(prefixes) else []
-    sampling = {"n": 1, "max_tokens": max_tokens, "temperature": 0.0, "stop": stop}
-    client = create_arctic_rl_client(ArcticRLClientConfig(model_name=model_path, **(client_options or {})))
-    texts: list[str] = []
-    try:
-        for start in tqdm(range(0, len(prompts), batch_size), desc="generate SQL", unit="batch"):
-            texts.extend(_text(o) for o in client.generate(prompts[start:start + batch_size], sampling))
-    finally:
-        client.shutdown()
+    texts = generate(model_path, ids, {"max_tokens": max_tokens, "temperature": 0.0, "stop": stop},
+                     options or VLLMOptions())
     # An answer without SQL still gets an entry (an empty query is wrong, not missing).
     return {ex["question_id"]: extract_sql(p + t) or "" for ex, p, t in zip(examples, prefixes, texts)}
-
-
-def _text(output: Any) -> str:
-    # client.generate returns len(prompts) * n samples, prompt-major (n = 1 here): one dict per
-    # prompt; a per-prompt list of samples (the engine-level shape) is accepted too.
-    if isinstance(output, list):
-        output = output[0]
-    return output["text"] if isinstance(output, dict) else str(output)
 
 
 def write_atomic(path: Path, text: str) -> None:
@@ -184,13 +170,18 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                         help='with --model: JSON of text2sql prompt options, e.g. \'{"num_shots": 2}\'')
     parser.add_argument("--timeout-s", type=float, default=BIRD_TIMEOUT_S)
     parser.add_argument("--num-workers", type=int, default=None, help="sandbox worker processes")
+    add_vllm_args(parser)
     args = parser.parse_args(argv)
     if args.model:
+        try:
+            vllm_options = VLLMOptions.from_args(args)
+        except ValueError as e:
+            parser.error(str(e))
         from recipes.text2sql import load_examples
 
         options = {**json.loads(args.recipe_options), "data_dir": str(args.data)}
         examples = load_examples(args.split, **options)
-        sqls = generate_predictions(examples, args.model, max_tokens=args.max_tokens)
+        sqls = generate_predictions(examples, args.model, max_tokens=args.max_tokens, options=vllm_options)
         preds = {str(ex["question_id"]): format_prediction(sqls[ex["question_id"]], ex["db_id"]) for ex in examples}
         write_atomic(args.predictions, json.dumps(preds, indent=4, ensure_ascii=False) + "\n")
     report = evaluate(args.data, args.split, parse_predictions(args.predictions), args.timeout_s, args.num_workers)

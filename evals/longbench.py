@@ -1,7 +1,8 @@
 """LongBench v1 QA scores, computed exactly as LongBench's eval.py does.
 
     python -m evals.longbench --pred-dir pred/my_model --out result.json
-    python -m evals.longbench --model /ckpt/step_200 --data-dir longbench/data --pred-dir pred/step_200
+    python -m evals.longbench --model exports/step_200 --data-dir longbench/data --pred-dir pred/step_200 \
+        [--gpus 8 --tensor-parallel-size 4 --max-model-len 32768]
 
 --pred-dir holds LongBench's prediction layout: one `<task>.jsonl` per task, each line
 {"pred", "answers", "all_classes", "length"}. Per task: the best token F1 (LongBench's
@@ -10,8 +11,9 @@ to 2 decimals; trec/triviaqa/samsum/lsht predictions are cut to their first line
 eval.py. `--by-length` adds LongBench-E's 0-4k / 4-8k / 8k+ buckets (by the `length` field).
 The report's `average` is the mean of the task scores (the recipe's five QA tasks by default).
 
-With --model, predictions are first generated through the arctic-rl client (greedy, LongBench's
-per-task max new tokens, prompts cut in the middle to --max-prompt-tokens as pred.py does).
+With --model (a Hugging Face folder, e.g. from `arctic-rl export`), predictions are first generated
+with vLLM alone (greedy, LongBench's per-task max new tokens, prompts cut in the middle to
+--max-prompt-tokens as pred.py does; evals/sampler.py: --gpus, --tensor-parallel-size, --max-model-len).
 Known limit: only the English QA tasks (token-F1 metric) are scored; summarization, code and
 Chinese tasks need rouge/fuzzywuzzy/jieba and are refused by name.
 """
@@ -24,6 +26,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
+from evals.sampler import VLLMOptions, add_vllm_args
 from recipes.longqa.reward import token_f1
 
 DEFAULT_TASKS: tuple[str, ...] = ("hotpotqa", "2wikimqa", "musique", "narrativeqa", "qasper")
@@ -136,55 +139,41 @@ def write_atomic(path: Path, text: str) -> None:
 
 
 def generate_predictions(model: str, data_dir: Path, pred_dir: Path, tasks: Iterable[str], *,
-                         max_prompt_tokens: int = 31500, batch_size: int = 64,
-                         client_options: dict[str, Any] | None = None) -> None:
-    """Writes `<pred_dir>/<task>.jsonl` for each task by greedy generation through arctic-rl.
-
-    UNTESTED: written against the client API of the design (create_arctic_rl_client,
-    client.generate(prompts, sampling) -> [{"text": ...}]) before the client existed.
-    `client_options` go to ArcticRLClientConfig as is (e.g. vllm_config={"max_seq_len": ...},
-    model_overrides=yarn_overrides(...).hf_config for YaRN).
-    """
-    from tqdm import tqdm
+                         max_prompt_tokens: int = 31500, options: VLLMOptions | None = None) -> None:
+    """Writes `<pred_dir>/<task>.jsonl` for each task by greedy generation with vLLM (evals.sampler: no
+    trainer is deployed). A YaRN model needs its rope scaling in its config (an export has it) or in
+    `options.hf_overrides`."""
     from transformers import AutoTokenizer
 
-    from arctic_rl import ArcticRLClientConfig, create_arctic_rl_client
+    from evals.sampler import generate
     from recipes.longqa import load_examples
     from recipes.longqa.prompts import LONGBENCH_MAX_NEW_TOKENS, LONGBENCH_NO_CHAT_TEMPLATE
 
     tokenizer = AutoTokenizer.from_pretrained(model, local_files_only=True)
-    client = create_arctic_rl_client(ArcticRLClientConfig(model_name=model, **(client_options or {})))
-    try:
-        for task in tasks:
-            _check_task(task)
-            # Cut to the budget like pred.py, with the model's own tokenizer.
-            examples = load_examples("test", data_format="longbench", data_path=str(data_dir), task=task,
-                                     context_tokens=max_prompt_tokens, tokenizer=model)
-            prompts = [_chat_prompt(tokenizer, ex["messages"], task not in LONGBENCH_NO_CHAT_TEMPLATE)
-                       for ex in examples]
-            sampling = {"n": 1, "max_tokens": LONGBENCH_MAX_NEW_TOKENS[task], "temperature": 0.0}
-            texts: list[str] = []
-            for start in tqdm(range(0, len(prompts), batch_size), desc=f"generate {task}", unit="batch"):
-                outputs = client.generate(prompts[start:start + batch_size], sampling)
-                texts.extend(_text(o) for o in outputs)
-            lines = [json.dumps({"pred": text, "answers": ex["answers"], "all_classes": ex["all_classes"],
-                                 "length": ex["length"]}, ensure_ascii=False) for text, ex in zip(texts, examples)]
-            write_atomic(pred_dir / f"{task}.jsonl", "".join(line + "\n" for line in lines))
-    finally:
-        client.shutdown()
+    per_task: dict[str, list[dict]] = {}
+    prompts: list[list[int]] = []
+    sampling: list[dict[str, Any]] = []
+    for task in tasks:
+        _check_task(task)
+        # Cut to the budget like pred.py, with the model's own tokenizer.
+        per_task[task] = load_examples("test", data_format="longbench", data_path=str(data_dir), task=task,
+                                       context_tokens=max_prompt_tokens, tokenizer=model)
+        templated = task not in LONGBENCH_NO_CHAT_TEMPLATE
+        # A chat template already holds any BOS; a raw prompt gets the tokenizer's own.
+        prompts += [tokenizer(_chat_prompt(tokenizer, ex["messages"], templated),
+                              add_special_tokens=not templated)["input_ids"] for ex in per_task[task]]
+        sampling += [{"max_tokens": LONGBENCH_MAX_NEW_TOKENS[task], "temperature": 0.0}] * len(per_task[task])
+    texts = iter(generate(model, prompts, sampling, options or VLLMOptions()))  # one engine for all tasks
+    for task, examples in per_task.items():
+        lines = [json.dumps({"pred": next(texts), "answers": ex["answers"], "all_classes": ex["all_classes"],
+                             "length": ex["length"]}, ensure_ascii=False) for ex in examples]
+        write_atomic(pred_dir / f"{task}.jsonl", "".join(line + "\n" for line in lines))
 
 
 def _chat_prompt(tokenizer: Any, messages: list[dict[str, str]], use_template: bool) -> str:
     if not use_template:
         return messages[-1]["content"]
     return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-
-
-def _text(output: Any) -> str:
-    # One completion per prompt (n=1); tolerate a one-element list of completions.
-    if isinstance(output, list):
-        output = output[0]
-    return output["text"]
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -196,15 +185,18 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--model", default=None, help="generate predictions with this model first")
     parser.add_argument("--data-dir", type=Path, default=None, help="LongBench data folder (<task>.jsonl), for --model")
     parser.add_argument("--max-prompt-tokens", type=int, default=31500)
-    parser.add_argument("--client-options", type=json.loads, default=None,
-                        help="JSON object passed to ArcticRLClientConfig, for --model")
+    add_vllm_args(parser)
     args = parser.parse_args(argv)
     if args.model is not None:
         if args.data_dir is None:
             parser.error("--model needs --data-dir (LongBench's <task>.jsonl files)")
+        try:
+            options = VLLMOptions.from_args(args)
+        except ValueError as e:
+            parser.error(str(e))
         # "all" here means every supported task that has a data file.
         generate_predictions(args.model, args.data_dir, args.pred_dir, resolve_tasks(args.data_dir, args.tasks),
-                             max_prompt_tokens=args.max_prompt_tokens, client_options=args.client_options)
+                             max_prompt_tokens=args.max_prompt_tokens, options=options)
     report = evaluate(args.pred_dir, args.tasks, by_length=args.by_length)
     out = args.out or args.pred_dir / "result.json"
     write_atomic(out, json.dumps(report, indent=2, ensure_ascii=False) + "\n")

@@ -14,7 +14,7 @@ import pytest
 
 from arctic_rl import compare
 from arctic_rl.tracking import (
-    BACKEND_ARCTIC, FRAMEWORK_ARCTIC, FRAMEWORK_SKYRL, FRAMEWORK_VERL, TAG_BACKEND, TAG_FRAMEWORK, TAG_MODEL,
+    BACKEND_ARCTIC, FRAMEWORK_ARCTIC, FRAMEWORK_SKYRL, FRAMEWORK_VERL, TAG_BACKEND, TAG_FRAMEWORK,
     TAG_RECIPE, Tracker,
 )
 
@@ -37,7 +37,8 @@ def log_with_verl(uri: str, run_name: str, phases: dict[str, list[float]], tags:
         import mlflow
         from verl.utils.tracking import Tracking
         config = {{"trainer": {{"nnodes": 1, "n_gpus_per_node": 8, "project_name": "text2sql"}},
-                   "actor_rollout_ref": {{"model": {{"path": "Qwen/Qwen3-4B"}}}}}}
+                   "data": {{"train_batch_size": 64, "max_prompt_length": 1024, "max_response_length": 512}},
+                   "actor_rollout_ref": {{"model": {{"path": "Qwen/Qwen3-4B"}}, "rollout": {{"n": 8}}}}}}
         tracking = Tracking(project_name="text2sql", experiment_name={run_name!r}, default_backend="mlflow", config=config)
         if {tags!r}:
             mlflow.set_tags({tags!r})  # what recipes/verl does for verl + arctic-rl runs
@@ -58,18 +59,29 @@ def log_like_skyrl(uri: str, run_name: str, metrics: dict[str, list[float]], tag
     experiment = mlflow.set_experiment("text2sql")
     with mlflow.start_run(experiment_id=experiment.experiment_id, run_name=run_name):
         mlflow.log_params({"trainer/policy/model/path": "Qwen/Qwen3-4B", "trainer/placement/policy_num_nodes": 1,
-                           "trainer/placement/policy_num_gpus_per_node": 8, "generator/backend": "vllm"})
+                           "trainer/placement/policy_num_gpus_per_node": 8, "generator/backend": "vllm",
+                           "trainer/train_batch_size": 64, "generator/n_samples_per_prompt": 8,
+                           "trainer/max_prompt_length": 1024, "generator/sampling_params/max_generate_length": 512})
         if tags:
             mlflow.set_tags(tags)
         for i in range(len(next(iter(metrics.values())))):
             mlflow.log_metrics({k: v[i] for k, v in metrics.items()}, step=i + 1)
 
 
-def log_with_tracker(uri: str, phases: dict[str, list[float]]) -> None:
-    tags = {TAG_FRAMEWORK: FRAMEWORK_ARCTIC, TAG_BACKEND: BACKEND_ARCTIC, TAG_RECIPE: "text2sql", TAG_MODEL: "Qwen/Qwen3-4B"}
-    with Tracker.start("text2sql", run_name="loop", tags=tags, tracking_uri=uri) as tracker:
+# The setup all runs of the "text2sql" experiment share (the loop logs it as tags, verl and SkyRL as config).
+SETUP = {"model": "/models/Qwen3-4B", "nodes": "1", "gpus": "8", "prompts_per_step": "64", "n": "8",
+         "max_prompt_length": "1024", "max_response_length": "512"}
+
+
+def log_with_tracker(uri: str, phases: dict[str, list[float]], experiment: str = "text2sql",
+                     tags: dict[str, str] | None = None, params: dict | None = None,
+                     extra: dict[str, list[float]] | None = None) -> None:
+    tags = tags or {TAG_FRAMEWORK: FRAMEWORK_ARCTIC, TAG_BACKEND: BACKEND_ARCTIC, **SETUP}
+    with Tracker.start(experiment, run_name="loop", tags={TAG_RECIPE: "text2sql", **tags}, params=params,
+                       tracking_uri=uri) as tracker:
         for i in range(len(phases["step"])):
-            tracker.log_metrics({f"timing_s/{p}": v[i] for p, v in phases.items()}, step=i + 1)
+            metrics = {f"timing_s/{p}": v[i] for p, v in phases.items()}
+            tracker.log_metrics({**metrics, **{k: v[i] for k, v in (extra or {}).items()}}, step=i + 1)
 
 
 @pytest.fixture(scope="module")
@@ -115,7 +127,8 @@ def test_compare_infers_model_and_topology_from_native_params(store: str) -> Non
     runs = compare.load_runs(["text2sql"], store)
     native = [r for r in runs if r.backend == "native"]
     assert {r.framework for r in native} == {"verl", "skyrl"}
-    assert all(r.model == "Qwen/Qwen3-4B" and r.nodes == "1" and r.gpus == "8" for r in native)
+    # a hub name and a local folder of the same model are one model
+    assert all(r.setup == {**SETUP, "model": "Qwen3-4B"} for r in runs), [r.setup for r in runs]
 
 
 def test_compare_unknown_experiment_names_the_known_ones(store: str, capsys: pytest.CaptureFixture) -> None:
@@ -125,6 +138,61 @@ def test_compare_unknown_experiment_names_the_known_ones(store: str, capsys: pyt
 
 
 def test_skip_steps_keeps_short_runs() -> None:
-    run = compare.RunTimings("r", "x", "verl", "native", "m", "1", "8", phases={"step": [5.0]})
+    run = compare.RunTimings("r", "x", "verl", "native", dict(SETUP), phases={"step": {1: 5.0}})
     (row,) = compare.summarize([run], skip_steps=1)
-    assert row.medians["step"] == 5.0
+    assert row.medians["step"] == 5.0 and row.seconds["step"].iqr == 0.0
+
+
+# Two matched runs: the loop logs its tokens per step, verl only perf/throughput (tokens / s / GPU, 8 GPUs).
+MATCHED_LOOP = {"gen": [9, 5, 5, 5, 5], "step": [99, 10, 20, 10, 20]}
+MATCHED_VERL = {"gen": [9, 10, 10, 10, 10], "step": [99, 20, 40, 20, 40]}
+VERL_PARAMS = {"trainer": {"nnodes": 1, "n_gpus_per_node": 8},
+               "data": {"train_batch_size": 64, "max_prompt_length": 1024, "max_response_length": 512},
+               "actor_rollout_ref": {"model": {"path": "Qwen/Qwen3-4B"}, "rollout": {"n": 8}}}
+
+
+def test_compare_matched_runs_median_iqr_and_tokens_per_s(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    log_with_tracker(uri, MATCHED_LOOP, "matched", extra={"perf/total_num_tokens": [2000] * 5})
+    log_with_tracker(uri, MATCHED_VERL, "matched", tags={TAG_FRAMEWORK: FRAMEWORK_VERL}, params=VERL_PARAMS,
+                     extra={"perf/throughput": [2000 / s / 8 for s in MATCHED_VERL["step"]]})
+    assert compare.main(["--experiment", "matched", "--tracking-uri", uri, "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr()
+    # steps 2-5 of the loop: 10, 20, 10, 20 s -> median 15, IQR 10; 2000 tokens -> 100 or 200 tokens/s
+    assert "== recipe text2sql | model=Qwen3-4B nodes=1 gpus=8 prompts_per_step=64 n=8" in out.out
+    assert "15.000 (10.000)" in out.out and "150 (100)" in out.out and "2.00x" in out.out
+    assert "refused" not in out.err and "0 refused" in out.out
+    rows = read_csv(tmp_path / "compare.csv")
+    loop, verl = rows[("arctic-rl", "arctic-rl", "step")], rows[("verl", "native", "step")]
+    assert (float(loop["median_s"]), float(loop["iqr_s"])) == (15, 10)
+    assert (float(loop["median_tokens_per_s"]), float(loop["iqr_tokens_per_s"])) == (150, 100)
+    assert (float(verl["median_s"]), float(verl["iqr_s"])) == (30, 20)
+    assert float(verl["median_tokens_per_s"]) == pytest.approx(75)
+    assert float(verl["iqr_tokens_per_s"]) == pytest.approx(50)
+    assert float(loop["speedup"]) == 2 and float(rows[("arctic-rl", "arctic-rl", "gen")]["speedup"]) == 2
+    assert loop["nodes"] == "1" and loop["max_response_length"] == "512"
+    assert (tmp_path / "compare.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_compare_refuses_runs_of_different_setups(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    two_nodes = {TAG_FRAMEWORK: FRAMEWORK_ARCTIC, TAG_BACKEND: BACKEND_ARCTIC, **SETUP, "nodes": "2", "gpus": "16"}
+    log_with_tracker(uri, MATCHED_LOOP, "mixed", tags=two_nodes)
+    log_with_tracker(uri, MATCHED_VERL, "mixed", tags={TAG_FRAMEWORK: FRAMEWORK_VERL}, params=VERL_PARAMS)
+    assert compare.main(["--experiment", "mixed", "--tracking-uri", uri, "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr()
+    assert ("not comparing arctic-rl loop with verl (native) on text2sql: setups differ in nodes: 2 vs 1; "
+            "gpus: 16 vs 8") in out.err
+    assert "speedup" not in out.out and "1 refused" in out.out
+    rows = read_csv(tmp_path / "compare.csv")
+    loop = rows[("arctic-rl", "arctic-rl", "step")]
+    assert loop["speedup"] == "" and loop["nodes"] == "2"
+
+
+def test_a_setup_nobody_logged_is_not_comparable() -> None:
+    runs = [compare.RunTimings("a", "x", FRAMEWORK_ARCTIC, BACKEND_ARCTIC, {**SETUP, "n": "?"}, {"step": {1: 1.0}}),
+            compare.RunTimings("b", "x", FRAMEWORK_VERL, "native", {**SETUP, "n": "?"}, {"step": {1: 2.0}})]
+    rows = compare.summarize(runs)
+    assert all(compare.baseline_for(r, rows) is None for r in rows)
+    assert compare.refusals(rows) == ["not comparing arctic-rl loop with verl (native) on x: setups differ in "
+                                      "n: ? (not logged) vs ? (not logged)"]

@@ -1,4 +1,5 @@
-"""`--model` mode of both evals: predictions generated through the real client, then scored."""
+"""`--model` mode of both evals: predictions generated with vLLM alone (no trainer deployed), then scored.
+(tests/test_training.py runs evals.bird on an `arctic-rl export` of a trained checkpoint.)"""
 from __future__ import annotations
 
 import json
@@ -12,11 +13,11 @@ pytestmark = pytest.mark.slow
 DATA = Path(__file__).parent / "data" / "longqa" / "longbench"
 
 
-def test_longbench_generates_through_the_client(tiny_llama, tmp_path):
-    opts = {"vllm_config": {"max_seq_len": 1024, "dtype": "float32"}, "training_config": {"dtype": "float32"}}
+def test_longbench_generates_with_vllm(tiny_llama, tmp_path):
     out = subprocess.run([sys.executable, "-m", "evals.longbench", "--model", str(tiny_llama), "--data-dir", str(DATA),
                           "--pred-dir", str(tmp_path / "pred"), "--tasks", "hotpotqa", "qasper",
-                          "--max-prompt-tokens", "400", "--client-options", json.dumps(opts)],
+                          "--max-prompt-tokens", "400", "--max-model-len", "1024", "--dtype", "float32",
+                          "--cpu-kvcache-space-gb", "1"],
                          capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
     for task in ("hotpotqa", "qasper"):
@@ -26,7 +27,7 @@ def test_longbench_generates_through_the_client(tiny_llama, tmp_path):
     assert (tmp_path / "pred" / "result.json").exists() and "LongBench QA average" in out.stdout
 
 
-def test_bird_generates_through_the_client(tmp_path):
+def test_bird_generates_with_vllm(tmp_path):
     from arctic_rl.demo_model import demo_model_path
     from recipes.text2sql.build_data import ensure_mini_data
 

@@ -17,8 +17,9 @@ from arctic_rl.loop import STATE_FILE, run
 from arctic_rl.runconfig import load_run_config
 
 TINY = Path(__file__).resolve().parent / "configs" / "tiny_loop.yaml"
-PHASE_METRICS = [tracking.TIMING_PREFIX + p for p in tracking.PHASES] + [
-    tracking.PERF_THROUGHPUT, tracking.REWARD_MEAN, tracking.RESPONSE_LENGTH_MEAN, "actor/pg_loss", "actor/grad_norm"]
+# No KL term in tiny_loop.yaml: no reference pass, so no timing_s/ref.
+PHASE_METRICS = [tracking.TIMING_PREFIX + p for p in tracking.PHASES if p != "ref"] + [
+    tracking.PERF_THROUGHPUT, tracking.PERF_TOTAL_NUM_TOKENS, tracking.REWARD_MEAN, tracking.RESPONSE_LENGTH_MEAN, "actor/pg_loss", "actor/grad_norm"]
 
 
 def tiny_cfg(model, tmp: Path, *overrides: str):
@@ -98,7 +99,14 @@ def test_loop_over_ray_logs_and_resumes_exactly(ray_cluster, tiny_llama, tmp_pat
         logged = mlflow_metrics(a.run_id)
         for key in PHASE_METRICS:
             assert [s for s, _ in logged[key]] == [1, 2, 3], key
+        assert tracking.TIMING_REF not in logged
         assert a.plot and a.plot.exists()
+        # the setup `arctic-rl compare` groups by (colocated: 1 trainer process; 512 - 12 tokens of prompt)
+        from mlflow.tracking import MlflowClient
+        tags = MlflowClient(tracking.default_tracking_uri()).get_run(a.run_id).data.tags
+        assert {k: tags[k] for k in tracking.SETUP_TAGS} == {
+            "model": str(tiny_llama), "nodes": "1", "gpus": "1", "prompts_per_step": "4", "n": "4",
+            "max_prompt_length": "500", "max_response_length": "12"}
         lp_a = client.log_probs(probe)["log_probs"]
 
         # A run stopped after step 2 left step_1 and step_2 (the same files: the runs are identical up to

@@ -70,17 +70,28 @@ def test_zero1_trains(reference_run):
 
 
 @pytest.mark.parametrize("zero_stage", [2, 3])
-def test_zero_stage_with_two_workers_matches_one(reference_run, tiny_llama, zero_stage):
+def test_zero_stage_with_two_workers_matches_one(reference_run, tiny_llama, zero_stage, tmp_path):
     c = start(tiny_llama, zero_stage, 2)
     try:
         losses = train(c, reference_run["batch"])
         final = c.log_probs(reference_run["batch"])["log_probs"]
+        c.save_checkpoint(str(tmp_path / "ckpt"))
     finally:
         c.shutdown()
     assert all(b < a for a, b in zip(losses, losses[1:])), losses
     assert losses == pytest.approx(reference_run["losses"], abs=DP_TOL)
     mask = reference_run["batch"]["response_mask"].bool()
     assert (final - reference_run["final"])[mask].abs().max() < DP_TOL
+    # `arctic-rl export` merges both ranks' partitions into the model the trainer computed with
+    from transformers import AutoModelForCausalLM
+
+    from arctic_rl.engines.forward import response_log_probs
+    from arctic_rl.export import export
+
+    model = AutoModelForCausalLM.from_pretrained(export(tmp_path / "ckpt", tmp_path / "hf"), attn_implementation="sdpa")
+    with torch.no_grad():
+        lp = response_log_probs(model, reference_run["batch"])["log_probs"]
+    assert (lp - final)[mask].abs().max() < 1e-5
 
 
 def test_checkpoint_restores_log_probs_and_next_step(reference_run, tiny_llama):
@@ -97,3 +108,78 @@ def test_checkpoint_restores_log_probs_and_next_step(reference_run, tiny_llama):
         assert torch.equal(c.log_probs(batch)["log_probs"][mask], reference_run["final"][mask])
     finally:
         c.shutdown()
+
+
+# -- arctic-rl export: the checkpoint above as a Hugging Face folder ------------------------------------------
+@pytest.fixture(scope="module")
+def exported(reference_run, tmp_path_factory):
+    from arctic_rl.cli import main as cli
+
+    out = tmp_path_factory.mktemp("export") / "step2-hf"
+    assert cli(["export", str(reference_run["ckpt"]), "--out", str(out)]) == 0
+    return out
+
+
+def test_export_holds_exactly_the_trained_weights(reference_run, exported, tiny_llama):
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from arctic_rl.engines.forward import response_log_probs
+
+    assert {"config.json", "model.safetensors", "tokenizer.json"} <= {p.name for p in exported.iterdir()}
+    assert not list(exported.parent.glob(".*tmp*"))  # nothing half-written next to it
+    # zero_to_fp32 merged the fp32 master partitions; DeepSpeed also saved the module it trained (fp32 run:
+    # the same numbers), read here without DeepSpeed's merging code.
+    module = torch.load(reference_run["ckpt"] / "arctic-rl" / "mp_rank_00_model_states.pt", map_location="cpu",
+                        weights_only=False)["module"]
+    weights = load_file(exported / "model.safetensors")
+    assert set(weights) == {k.removeprefix("model.") for k in module}
+    assert all(torch.equal(weights[k.removeprefix("model.")], v) for k, v in module.items())
+    base = load_file(tiny_llama / "model.safetensors")
+    assert not all(torch.equal(weights[k], base[k]) for k in base)  # trained, not the initial model
+    # transformers loads it and computes the trainer's log-probs at the checkpoint
+    model = AutoModelForCausalLM.from_pretrained(exported, attn_implementation="sdpa")
+    assert model.dtype == torch.float32 and AutoTokenizer.from_pretrained(exported).chat_template
+    batch = reference_run["batch"]
+    mask = batch["response_mask"].bool()
+    with torch.no_grad():
+        lp = response_log_probs(model, batch)["log_probs"]
+    assert (lp - reference_run["lp_at_ckpt"])[mask].abs().max() < 1e-5
+    # --dtype casts the same weights; the config says so, for whoever loads the folder
+    from arctic_rl.cli import main as cli
+
+    bf16 = exported.parent / "step2-bf16"
+    assert cli(["export", str(reference_run["ckpt"]), "--out", str(bf16), "--dtype", "bfloat16"]) == 0
+    weights = load_file(bf16 / "model.safetensors")
+    assert all(torch.equal(weights[k.removeprefix("model.")], v.to(torch.bfloat16)) for k, v in module.items())
+    assert AutoModelForCausalLM.from_pretrained(bf16).dtype == torch.bfloat16
+
+
+def test_export_refuses_what_is_not_a_checkpoint(tmp_path, capsys):
+    from arctic_rl.cli import main as cli
+
+    (tmp_path / "ckpt").mkdir()
+    assert cli(["export", str(tmp_path / "ckpt"), "--out", str(tmp_path / "hf")]) == 2
+    assert "arctic_rl.json does not exist" in capsys.readouterr().err and not (tmp_path / "hf").exists()
+
+
+def test_bird_eval_runs_on_the_export_with_vllm_alone(exported, tmp_path):
+    """evals.bird --model on the export: vLLM loads the folder and samples (no trainer deployed); a tiny
+    random model scores about 0, what is checked is that the eval runs end to end and writes its report."""
+    import json
+    import subprocess
+    import sys
+
+    from recipes.text2sql.build_data import ensure_mini_data
+
+    out = subprocess.run([sys.executable, "-m", "evals.bird", "--data", str(ensure_mini_data()), "--split", "dev",
+                          "--predictions", str(tmp_path / "pred.json"), "--model", str(exported), "--max-tokens", "16",
+                          "--max-model-len", "2048", "--gpus", "1", "--tensor-parallel-size", "1",
+                          "--cpu-kvcache-space-gb", "1", "--out", str(tmp_path / "report.json"),
+                          "--recipe-options", json.dumps({"schema_tables": "relevant", "num_shots": 0, "prefill": True,
+                                                          "num_values": 0})],
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["count"] == 32 and 0 <= report["ex"] <= 100
+    assert len(json.loads((tmp_path / "pred.json").read_text())) == 32

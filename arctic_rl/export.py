@@ -1,0 +1,134 @@
+"""`arctic-rl export CKPT --out DIR`: a Hugging Face model folder (safetensors, config, tokenizer) from a
+checkpoint of the backend, for transformers' from_pretrained, vLLM and the evals.
+
+    arctic-rl export runs/text2sql/run/step_200 --out exports/text2sql-step200 [--dtype bfloat16]
+    python -m evals.bird --model exports/text2sql-step200 --data DIR --predictions pred.json
+
+CKPT is a folder written by the backend's save_checkpoint (the loop's <checkpoint.dir>/step_K): DeepSpeed's
+checkpoint under the tag `arctic-rl`, then arctic_rl.json (step and the run's ArcticRLClientConfig), written
+last. The weights are the trainer's fp32 master weights, gathered from every ZeRO partition by DeepSpeed's
+own zero_to_fp32 (ZeRO-1/2/3; fp32 without ZeRO: the module weights DeepSpeed saved), cast to --dtype (default:
+the run's training dtype). Config, tokenizer and generation config come from the run's base model
+(model_name in arctic_rl.json, or --base), with the run's model_overrides (e.g. YaRN rope scaling) set in the
+config, so that whoever loads the folder computes what the trainer computed. The folder is written under a
+temporary name next to DIR and renamed into place: nothing half-written is left at DIR.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+
+from arctic_rl.errors import ConfigError
+
+DS_TAG = "arctic-rl"  # the tag TrainingWorker.save_checkpoint saves under
+META_FILE = "arctic_rl.json"
+# The trainer's DeepSpeed module is LogProbModel, which holds the HF model as `.model`.
+MODULE_PREFIX = "model."
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+def read_meta(ckpt: Path) -> dict:
+    meta_path = ckpt / META_FILE
+    if not meta_path.is_file():
+        raise ConfigError(f"CKPT={str(ckpt)!r} is not a complete arctic-rl checkpoint: {meta_path} does not exist "
+                          f"(save_checkpoint writes it last)")
+    meta = json.loads(meta_path.read_text())
+    if not isinstance(meta.get("config"), dict) or "model_name" not in meta["config"]:
+        raise ConfigError(f"{meta_path}: no config.model_name (not written by arctic-rl's save_checkpoint?)")
+    return meta
+
+
+def trained_state_dict(ckpt: Path) -> dict[str, torch.Tensor]:
+    """The HF model's parameters as the trainer held them at save time (the fp32 masters under ZeRO)."""
+    ds_dir = ckpt / DS_TAG
+    if not ds_dir.is_dir():
+        raise ConfigError(f"CKPT={str(ckpt)!r}: no DeepSpeed checkpoint folder {ds_dir}")
+    if any(ds_dir.glob("*zero_pp_rank_*_optim_states.pt")):  # ZeRO-1/2/3, or bf16 without ZeRO
+        from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+        state = get_fp32_state_dict_from_zero_checkpoint(str(ckpt), tag=DS_TAG)
+    else:  # fp32 without ZeRO: no partitions to merge, the module as DeepSpeed saved it
+        state = torch.load(ds_dir / "mp_rank_00_model_states.pt", map_location="cpu", weights_only=False)["module"]
+    foreign = [k for k in state if not k.startswith(MODULE_PREFIX)]
+    if foreign:
+        raise ConfigError(f"CKPT={str(ckpt)!r}: parameter names {foreign[:3]} are not under {MODULE_PREFIX!r} "
+                          f"(not a checkpoint of arctic-rl's trainer)")
+    return {k[len(MODULE_PREFIX):]: v for k, v in state.items()}
+
+
+def _write_folder(tmp: Path, base: str, overrides: dict, state: dict[str, torch.Tensor], dtype: torch.dtype) -> None:
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+
+    config = AutoConfig.from_pretrained(base)
+    for key, value in overrides.items():
+        setattr(config, key, value)
+    with torch.device("meta"):  # no random init of weights about to be replaced
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    missing, unexpected = model.load_state_dict({k: v.to(dtype) for k, v in state.items()}, strict=False, assign=True)
+    if model.config.tie_word_embeddings:
+        model.tie_weights()
+        missing = [k for k in missing if k != "lm_head.weight"]
+    if missing or unexpected:
+        raise ConfigError(f"the checkpoint's weights do not fit {base!r}: missing {missing[:4]}, "
+                          f"unexpected {unexpected[:4]}")
+    model.config.dtype = dtype
+    model.save_pretrained(tmp, safe_serialization=True)
+    AutoTokenizer.from_pretrained(base).save_pretrained(tmp)
+    try:
+        GenerationConfig.from_pretrained(base).save_pretrained(tmp)
+    except OSError:  # the base model has none: from_pretrained's defaults apply
+        pass
+
+
+def export(ckpt: str | Path, out: str | Path, *, dtype: str | None = None, base: str | None = None) -> Path:
+    """Writes the HF folder `out` from checkpoint `ckpt`; returns its path."""
+    ckpt, out = Path(ckpt).expanduser().resolve(), Path(out).expanduser().resolve()
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise ConfigError(f"--out {str(out)!r} exists and is not empty; choose a new folder")
+    meta = read_meta(ckpt)
+    cfg = meta["config"]
+    dtype = dtype or cfg.get("training_config", {}).get("dtype", "bfloat16")
+    if dtype not in DTYPES:
+        raise ConfigError(f"--dtype {dtype!r}: expected one of {list(DTYPES)}")
+    base = base or cfg["model_name"]
+    if base.startswith((".", "/", "~")) and not Path(base).expanduser().exists():
+        raise ConfigError(f"the run's base model {base!r} (config, tokenizer) is gone; give its folder with --base")
+    state = trained_state_dict(ckpt)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
+    try:
+        _write_folder(tmp, base, cfg.get("model_overrides") or {}, state, getattr(torch, dtype))
+        if out.exists():
+            out.rmdir()  # empty (checked above)
+        tmp.rename(out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="arctic-rl export", description=__doc__.split("\n\n")[0])
+    p.add_argument("checkpoint", metavar="CKPT", help="a checkpoint folder of save_checkpoint (e.g. runs/x/step_10)")
+    p.add_argument("--out", required=True, help="the Hugging Face folder to write (new or empty)")
+    p.add_argument("--dtype", choices=DTYPES, help="weights dtype (default: the run's training dtype)")
+    p.add_argument("--base", help="model folder or hub name for config and tokenizer (default: the run's model)")
+    args = p.parse_args(sys.argv[1:] if argv is None else argv)
+    try:
+        out = export(args.checkpoint, args.out, dtype=args.dtype, base=args.base)
+    except ConfigError as e:
+        print(f"arctic-rl export: {e}", file=sys.stderr)
+        return 2
+    step = read_meta(Path(args.checkpoint).expanduser().resolve()).get("step")  # the backend's optimizer steps
+    print(f"exported {args.checkpoint} (optimizer step {step}) to {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
