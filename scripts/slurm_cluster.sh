@@ -62,7 +62,8 @@ network_up() {
   if ! ip link show "$BRIDGE" >/dev/null 2>&1; then
     if ! err=$(ip link add "$BRIDGE" type bridge 2>&1); then refuse "cannot create bridge $BRIDGE: $err"; fi
   fi
-  ip addr show dev "$BRIDGE" | grep -q "inet $NET.1/" || ip addr add "$NET.1/24" dev "$BRIDGE"
+  # (Captured, not piped into grep -q: under pipefail an early grep exit fails the pipe with SIGPIPE.)
+  [[ $(ip addr show dev "$BRIDGE") == *"inet $NET.1/"* ]] || ip addr add "$NET.1/24" dev "$BRIDGE"
   ip link set "$BRIDGE" up
   for i in $(seq 1 "$n"); do
     ns=$(node_name "$i"); veth="arctic-v$i"
@@ -74,7 +75,8 @@ network_up() {
     fi
     ip link set "$veth" master "$BRIDGE" up
     ip -n "$ns" link set lo up
-    ip -n "$ns" addr show dev eth0 | grep -q "inet $(node_addr "$i")/" || ip -n "$ns" addr add "$(node_addr "$i")/24" dev eth0
+    [[ $(ip -n "$ns" addr show dev eth0) == *"inet $(node_addr "$i")/"* ]] \
+      || ip -n "$ns" addr add "$(node_addr "$i")/24" dev eth0
     ip -n "$ns" link set eth0 up
   done
 }

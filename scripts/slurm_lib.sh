@@ -126,7 +126,7 @@ StorageLoc=slurm_acct_db"
     spawn "$LOG_DIR/slurmdbd.log" /usr/sbin/slurmdbd
     wait_for slurmdbd 60 "$LOG_DIR/slurmdbd.log" sacctmgr -n show cluster
   fi
-  if ! sacctmgr -n -P show cluster format=cluster | grep -qx "$CLUSTER"; then
+  if ! grep -qx "$CLUSTER" <<<"$(sacctmgr -n -P show cluster format=cluster)"; then
     say "registering cluster '$CLUSTER' in accounting ..."
     sacctmgr -i add cluster "$CLUSTER" >/dev/null
   fi
@@ -170,7 +170,7 @@ CONF
 # (Re)starts slurmctld when its config changed ($1 = 1) or it does not answer.
 start_slurmctld() {
   if [ "$1" -eq 1 ]; then stop_pidfile /run/slurmctld.pid; fi
-  if ! scontrol ping 2>/dev/null | grep -q UP; then
+  if [[ $(scontrol ping 2>/dev/null) != *UP* ]]; then
     stop_pidfile /run/slurmctld.pid
     say "starting slurmctld ..."
     spawn "$LOG_DIR/slurmctld.log" /usr/sbin/slurmctld

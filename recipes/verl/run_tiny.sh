@@ -25,7 +25,9 @@ export MLFLOW_TRACKING_URI=${MLFLOW_TRACKING_URI:-sqlite:///$VERL_OUT/mlflow.db}
 export ARCTIC_RL_STATE_DIR=${ARCTIC_RL_STATE_DIR:-$VERL_OUT/arctic-state}
 if [ -n "${ARCTIC_RL_JOB_DIR:-}" ] && [ -n "${RAY_ADDRESS:-}" ]; then
   # Inside a job (jobs/bootstrap.py): verl's workers and arctic-rl's engines use the job's multi-node Ray.
-  RAY_INIT=(+ray_kwargs.ray_init.address="$RAY_ADDRESS")
+  # Its raylets were started without verl on their path: the job's runtime env carries it to every node.
+  RAY_INIT=(+ray_kwargs.ray_init.address="$RAY_ADDRESS"
+            "+ray_kwargs.ray_init.runtime_env.env_vars.PYTHONPATH='$PYTHONPATH'")
 else
   export RAY_AUTH_MODE=disabled
   unset RAY_ADDRESS  # a private Ray for this run
