@@ -15,29 +15,6 @@ import torch
 from arctic_rl.config import ArcticRLClientConfig
 from arctic_rl.engines.model import accelerator
 
-# vLLM's SamplingParams names we accept; anything else is an error naming the key.
-SAMPLING_KEYS = {"n", "max_tokens", "min_tokens", "temperature", "top_p", "top_k", "min_p", "stop",
-                 "stop_token_ids", "seed", "logprobs", "presence_penalty", "frequency_penalty",
-                 "repetition_penalty", "ignore_eos", "include_stop_str_in_output", "skip_special_tokens"}
-
-
-def check_sampling_params(params: dict) -> dict:
-    """Validates the user's sampling params (vLLM names); raises ValueError naming the key."""
-    if not isinstance(params, dict):
-        raise ValueError(f"sampling_params must be a dict, got {type(params).__name__}")
-    unknown = sorted(set(params) - SAMPLING_KEYS)
-    if unknown:
-        raise ValueError(f"unknown sampling_params key(s) {unknown}; known: {sorted(SAMPLING_KEYS)}")
-    for key, lo in (("n", 1), ("max_tokens", 1)):
-        if key in params and (not isinstance(params[key], int) or params[key] < lo):
-            raise ValueError(f"sampling_params[{key!r}] must be an int >= {lo}, got {params[key]!r}")
-    if "temperature" in params and (not isinstance(params["temperature"], (int, float)) or params["temperature"] < 0):
-        raise ValueError(f"sampling_params['temperature'] must be >= 0, got {params['temperature']!r}")
-    if "top_p" in params and not (isinstance(params["top_p"], (int, float)) and 0 < params["top_p"] <= 1):
-        raise ValueError(f"sampling_params['top_p'] must be in (0, 1], got {params['top_p']!r}")
-    return params
-
-
 class SamplingWorker:
     def __init__(self, config_json: str, replica: int):
         self.cfg = ArcticRLClientConfig.from_json(config_json)
