@@ -28,6 +28,7 @@ from arctic_rl import wire
 from arctic_rl.config import TOKEN_ENV, ArcticRLClientConfig
 from arctic_rl.errors import (ERRORS, ArcticRLError, AuthError, ConfigError, EngineDeadError, EngineError, ProtocolError,
                               TooLargeError)
+from arctic_rl.losses import load_loss_modules
 from arctic_rl.server.controller import Controller
 from arctic_rl.server.deploy import deploy
 from arctic_rl.server.requests import check_request
@@ -47,6 +48,7 @@ def _error(e: ArcticRLError) -> JSONResponse:
 def build_app(handle, cfg: ArcticRLClientConfig, on_shutdown=lambda: None) -> FastAPI:
     """The app in front of the controller `handle`; `cfg` is the deployment's config (its server
     section sets the limits and what names and paths requests may use)."""
+    load_loss_modules(cfg.server.loss_modules)  # the names its checks accept are the controller's
     app = FastAPI(title="arctic-rl", version="0.1.0")
     token = cfg.auth_token
     max_body = cfg.server.max_body_bytes
