@@ -13,9 +13,10 @@ from typing import Any, Literal
 
 from contextvars import ContextVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
 from arctic_rl.errors import ConfigError
+from arctic_rl.strict import Strict, explain
 
 STATE_DIR_ENV = "ARCTIC_RL_STATE_DIR"
 TOKEN_ENV = "ARCTIC_RL_TOKEN"  # how the bearer token travels between processes (never argv, never a file we write)
@@ -31,29 +32,25 @@ LOOPBACK = ("127.0.0.1", "localhost", "::1")
 _FROM_JSON: ContextVar[bool] = ContextVar("arctic_rl_config_from_json", default=False)
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
-
-
-class OptimizerConfig(_Strict):
+class OptimizerConfig(Strict):
     lr: float = Field(1e-5, gt=0)
     weight_decay: float = Field(0.0, ge=0)
     betas: tuple[float, float] = (0.9, 0.999)
     eps: float = Field(1e-8, gt=0)
 
 
-class SchedulerConfig(_Strict):
+class SchedulerConfig(Strict):
     type: Literal["constant", "linear", "cosine"] = "constant"
     warmup_steps: int = Field(0, ge=0)
     total_steps: int = Field(0, ge=0, description="steps of the decay (linear/cosine); 0 = no decay")
     min_lr_ratio: float = Field(0.0, ge=0, le=1)
 
 
-class ZorroTrainConfig(_Strict):
+class ZorroTrainConfig(Strict):
     enable: bool = False
 
 
-class TrainingConfig(_Strict):
+class TrainingConfig(Strict):
     zero_stage: Literal[0, 1, 2, 3] = 1
     dtype: Literal["bfloat16", "float32"] = "bfloat16"
     optimizer: OptimizerConfig = OptimizerConfig()
@@ -65,7 +62,7 @@ class TrainingConfig(_Strict):
     zorro_train: ZorroTrainConfig = ZorroTrainConfig()
 
 
-class VLLMConfig(_Strict):
+class VLLMConfig(Strict):
     max_seq_len: int = Field(4096, ge=16)
     tensor_parallel_size: int = Field(1, ge=1)
     gpu_memory_utilization: float = Field(0.5, gt=0, le=1)
@@ -81,13 +78,13 @@ class VLLMConfig(_Strict):
     engine_kwargs: dict[str, Any] = Field(default_factory=dict, description="passed to vllm.LLM as is")
 
 
-class ZorroInferenceConfig(_Strict):
+class ZorroInferenceConfig(Strict):
     enable: bool = False
     min_group_size: int = Field(2, ge=2)
     min_prefix_len: int = Field(256, ge=1)
 
 
-class ArcticInferenceConfig(_Strict):
+class ArcticInferenceConfig(Strict):
     use_fca: bool = False  # upstream's name for the same switch as zorro_inference.enable
     zorro_inference: ZorroInferenceConfig = ZorroInferenceConfig()
 
@@ -101,7 +98,7 @@ class ArcticInferenceConfig(_Strict):
 JOB_DIR_ENV = "ARCTIC_RL_JOB_DIR"  # set by jobs/ for every process of a job
 
 
-class ServerConfig(_Strict):
+class ServerConfig(Strict):
     """What requests may do on the server (see README, "Security model"). Fixed when the deployment
     starts: a client that attaches to a running deployment cannot change it."""
     loss_modules: list[str] = Field(default_factory=list, description=(
@@ -127,7 +124,7 @@ class ServerConfig(_Strict):
         return self.model_copy(update={"checkpoint_root": str(Path(root).expanduser().resolve())})
 
 
-class ArcticRLClientConfig(_Strict):
+class ArcticRLClientConfig(Strict):
     model_name: str = Field(..., min_length=1, description="HF model folder (or hub name, only if you ask for one)")
     comm_protocol: Literal["ray", "http"] = "ray"
     training_gpus: int = Field(1, ge=1)
@@ -190,7 +187,7 @@ class ArcticRLClientConfig(_Strict):
         try:
             super().__init__(**data)
         except ValidationError as e:
-            raise ConfigError(_explain(e)) from None
+            raise ConfigError("invalid ArcticRLClientConfig: " + explain(e, type(self))) from None
 
     @property
     def num_sampling_replicas(self) -> int:
@@ -223,14 +220,6 @@ class ArcticRLClientConfig(_Strict):
         return self.model_copy(update={"job_id": uuid.uuid4().hex[:12]})
 
 
-def _explain(e: ValidationError) -> str:
-    lines = []
-    for err in e.errors():
-        loc = ".".join(str(x) for x in err["loc"]) or "config"
-        val = err.get("input")
-        shown = "" if isinstance(val, dict) else f" (got {val!r})"
-        lines.append(f"{loc}: {err['msg']}{shown}")
-    return "invalid ArcticRLClientConfig: " + "; ".join(lines)
 
 
 def record_deployment(cfg: ArcticRLClientConfig) -> None:

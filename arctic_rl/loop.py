@@ -84,6 +84,10 @@ class LoopState:
     step: int = 0  # steps done
     run_id: str | None = None
     rewards: list[float] = field(default_factory=list)
+    # With checkpoints on, a step's metrics reach MLflow only once a checkpoint covers the step: a step run
+    # again after a requeue is then never logged twice. They travel in the checkpoint, so steps whose
+    # checkpoint was written but whose metrics were not yet logged (killed in between) are logged on resume.
+    unlogged: dict[int, dict[str, float]] = field(default_factory=dict)
 
 
 # -- data order and prompts ----------------------------------------------------------------------------------
@@ -138,6 +142,7 @@ def save_checkpoint(client: ArcticRLClient, root: Path, state: LoopState) -> Pat
     client.save_checkpoint(str(path))
     np_state = np.random.get_state()
     payload = {"step": state.step, "run_id": state.run_id, "rewards": state.rewards,
+               "unlogged": {str(k): v for k, v in state.unlogged.items()},
                "rng": {"python": _jsonable(random.getstate()),
                        "numpy": [np_state[0], np_state[1].tolist(), *np_state[2:]],
                        "torch": torch.get_rng_state().tolist()}}
@@ -155,7 +160,19 @@ def load_checkpoint(client: ArcticRLClient, path: Path) -> LoopState:
     random.setstate(_tupled(rng["python"]))
     np.random.set_state((rng["numpy"][0], np.array(rng["numpy"][1], dtype=np.uint32), *rng["numpy"][2:]))
     torch.set_rng_state(torch.tensor(rng["torch"], dtype=torch.uint8))
-    return LoopState(step=int(payload["step"]), run_id=payload.get("run_id"), rewards=list(payload["rewards"]))
+    return LoopState(step=int(payload["step"]), run_id=payload.get("run_id"), rewards=list(payload["rewards"]),
+                     unlogged={int(k): v for k, v in payload.get("unlogged", {}).items()})
+
+
+def flush_metrics(tracker: tracking.Tracker, state: LoopState) -> None:
+    """Logs the held-back metrics of checkpointed steps, skipping any MLflow already has (exactly once)."""
+    if not state.unlogged:
+        return
+    done = tracker.logged_steps(tracking.TIMING_STEP)
+    for step, metrics in sorted(state.unlogged.items()):
+        if step not in done:
+            tracker.log_metrics(metrics, step=step)
+    state.unlogged.clear()
 
 
 def _jsonable(x: Any) -> Any:
@@ -336,6 +353,8 @@ def run(cfg: RunConfig, client: ArcticRLClient | None = None, *, stop_after: int
     state = load_checkpoint(client, resume) if resume else LoopState()
     tracker = open_tracker(cfg, state.run_id)
     state.run_id = tracker.run_id
+    tracker.set_tags(tracking.placement_tags(client.health()))
+    flush_metrics(tracker, state)
     last = min(cfg.train.steps, stop_after or cfg.train.steps)
 
     sampling = {"n": cfg.sampling.n, "max_tokens": cfg.sampling.max_tokens, "temperature": cfg.sampling.temperature,
@@ -385,10 +404,14 @@ def run(cfg: RunConfig, client: ArcticRLClient | None = None, *, stop_after: int
             metrics[tracking.PERF_THROUGHPUT] = metrics.pop("_num_tokens") / metrics[tracking.TIMING_STEP] / num_gpus
             state.step = step
             state.rewards.append(metrics[tracking.REWARD_MEAN])
-            tracker.log_metrics(metrics, step=step)
             history.append(metrics)
-            if cfg.checkpoint.every and (step % cfg.checkpoint.every == 0 or step == cfg.train.steps):
-                save_checkpoint(client, ckpt_root, state)
+            if not cfg.checkpoint.every:
+                tracker.log_metrics(metrics, step=step)
+            else:
+                state.unlogged[step] = metrics
+                if step % cfg.checkpoint.every == 0 or step == cfg.train.steps:
+                    save_checkpoint(client, ckpt_root, state)
+                    flush_metrics(tracker, state)
             bar.set_postfix(reward=f"{metrics[tracking.REWARD_MEAN]:.3f}")
             if not quiet:
                 bar.write(_step_line(step, cfg.train.steps, metrics))

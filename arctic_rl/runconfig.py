@@ -20,22 +20,19 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import Field, ValidationError, model_validator
 
 from arctic_rl.config import ArcticRLClientConfig
 from arctic_rl.errors import ConfigError
+from arctic_rl.strict import Strict, explain
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", populate_by_name=True)
-
-
-class YarnConfig(_Strict):
+class YarnConfig(Strict):
     factor: float = Field(..., gt=1)
     original_max_position_embeddings: int = Field(..., gt=0)
 
 
-class ModelConfig(_Strict):
+class ModelConfig(Strict):
     # "demo": the bundled SmolLM2-135M-Instruct (arctic_rl.demo_model), converted and cached on first use.
     name_or_path: str = Field(..., min_length=1)
 
@@ -51,12 +48,12 @@ class ModelConfig(_Strict):
     overrides: dict[str, Any] = Field(default_factory=dict)
 
 
-class RecipeConfig(_Strict):
+class RecipeConfig(Strict):
     name: str = Field(..., min_length=1, description="the package recipes.<name>")
     options: dict[str, Any] = Field(default_factory=dict, description="load_examples('train', **options)")
 
 
-class SamplingConfig(_Strict):
+class SamplingConfig(Strict):
     n: int = Field(8, ge=1, description="responses per prompt (the GRPO group size)")
     max_tokens: int = Field(256, ge=1)
     temperature: float = Field(1.0, ge=0)
@@ -64,7 +61,7 @@ class SamplingConfig(_Strict):
     stop: list[str] = Field(default_factory=list)
 
 
-class TrainConfig(_Strict):
+class TrainConfig(Strict):
     steps: int = Field(..., ge=1)
     prompts_per_step: int = Field(..., ge=1)
     ppo_epochs: int = Field(1, ge=1)
@@ -83,37 +80,37 @@ class TrainConfig(_Strict):
         return self.mini_batch_size or self.prompts_per_step
 
 
-class LossConfig(_Strict):
+class LossConfig(Strict):
     name: str = "grpo"
     config: dict[str, Any] = Field(default_factory=dict, description="the loss_config of forward_backward")
 
 
-class AdvantageConfig(_Strict):
+class AdvantageConfig(Strict):
     estimator: Literal["grpo", "drgrpo", "rloo"] = "grpo"
     eps: float = Field(1e-6, gt=0)
 
 
-class ReferenceConfig(_Strict):
+class ReferenceConfig(Strict):
     enable: bool | None = Field(None, description="None: only when the loss uses a KL term (use_kl_loss)")
 
 
-class AsyncConfig(_Strict):
+class AsyncConfig(Strict):
     enable: bool = False
     max_staleness: int = Field(1, ge=1, description="policy versions between the sampler and the trainer")
 
 
-class CheckpointConfig(_Strict):
+class CheckpointConfig(Strict):
     dir: str | None = Field(None, description="None: runs/<recipe>/<run_name or 'run'>")
     every: int = Field(0, ge=0, description="save every N steps (and at the last step); 0 = never")
 
 
-class TrackingConfig(_Strict):
+class TrackingConfig(Strict):
     experiment: str | None = Field(None, description="None: the recipe name")
     run_name: str | None = None
     tags: dict[str, str] = Field(default_factory=dict)
 
 
-class EvalConfig(_Strict):
+class EvalConfig(Strict):
     """Greedy decoding on a held-out split before the first step and after the last (and every `every`
     steps): `eval/accuracy` = share of examples whose reward is >= 1 (execution match, exact match)."""
     split: str | None = Field(None, description="None = no eval; e.g. 'dev'")
@@ -124,7 +121,7 @@ class EvalConfig(_Strict):
                                     "merged over recipe.options (a key set to null is dropped)")
 
 
-class SFTWarmupConfig(_Strict):
+class SFTWarmupConfig(Strict):
     """A supervised stage before GRPO: the recipe's reference completions (`recipe.sft_completion`, e.g. the
     gold SQL) trained with the `sft` loss through the same client ops and optimizer, then synced to the
     sampler. Skipped on resume (the checkpoint already holds its effect)."""
@@ -136,7 +133,7 @@ class SFTWarmupConfig(_Strict):
                                     "merged over recipe.options (a key set to null is dropped)")
 
 
-class RunConfig(_Strict):
+class RunConfig(Strict):
     model: ModelConfig
     backend: dict[str, Any] = Field(default_factory=dict, description="ArcticRLClientConfig fields but model_name")
     recipe: RecipeConfig
@@ -270,7 +267,7 @@ def parse_run_config(data: dict, overrides: list[str] | None = None, source: str
     try:
         return RunConfig.model_validate(data)
     except ValidationError as e:
-        raise ConfigError(f"invalid run config {source}: " + _explain(e)) from None
+        raise ConfigError(f"invalid run config {source}: " + explain(e, RunConfig).replace("async_", "async")) from None
 
 
 def load_run_config(path: str | Path, overrides: list[str] | None = None) -> RunConfig:
@@ -283,13 +280,3 @@ def load_run_config(path: str | Path, overrides: list[str] | None = None) -> Run
         raise ConfigError(f"run config {str(path)!r} is not valid YAML: {e}") from None
     return parse_run_config(data, overrides, source=str(path))
 
-
-def _explain(e: ValidationError) -> str:
-    lines = []
-    for err in e.errors():
-        loc = ".".join("async" if x == "async_" else str(x) for x in err["loc"])
-        msg = err["msg"].removeprefix("Value error, ")
-        val = err.get("input")
-        shown = "" if isinstance(val, dict) or err["type"] in ("value_error", "missing") else f" (got {val!r})"
-        lines.append(f"{loc}: {msg}{shown}" if loc else f"{msg}{shown}")
-    return "; ".join(lines)

@@ -90,6 +90,14 @@ def set_run_context(framework: str, backend: str, recipe: str, model: str) -> di
     return tags
 
 
+def placement_tags(health: dict) -> dict[str, str]:
+    """Where each engine runs, from the client's health(): `engine_hosts` (the distinct hosts) and
+    `placement` (`training[0]=host,...`), so a multi-node run shows that its engines span the nodes."""
+    hosts = {name: info.get("host", "?") for name, info in health.get("engines", {}).items()}
+    return {"engine_hosts": ",".join(sorted(set(hosts.values()))),
+            "placement": ",".join(f"{name}={host}" for name, host in sorted(hosts.items()))}
+
+
 def default_tracking_uri() -> str:
     """MLFLOW_TRACKING_URI if set, else `sqlite:///<cwd>/runs/mlflow.db` (the folder is created)."""
     uri = os.environ.get("MLFLOW_TRACKING_URI")
@@ -212,6 +220,10 @@ class Tracker:
                 raise ValueError(f"log_metrics: metric {key!r} has value {value!r}, expected a number") from err
         for i in range(0, len(items), _MAX_METRICS_PER_BATCH):
             self._client.log_batch(self.run_id, metrics=items[i : i + _MAX_METRICS_PER_BATCH])
+
+    def logged_steps(self, key: str) -> set[int]:
+        """The steps at which `key` was logged in this run."""
+        return {m.step for m in self._client.get_metric_history(self.run_id, key)}
 
     def log_artifact(self, path: str | os.PathLike, artifact_path: str | None = None) -> None:
         if not Path(path).exists():

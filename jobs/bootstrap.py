@@ -42,6 +42,7 @@ HOST_LABEL = "arctic-rl/host"
 HEAD_START_TIMEOUT_S = 120.0
 HEAD_GONE_GRACE_S = 30.0
 PROBE_TIMED_OUT = 3
+NODE_LOST = 4
 
 
 @dataclass(kw_only=True)
@@ -99,6 +100,20 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def node_ip() -> str | None:
+    """This node's address for Ray: ARCTIC_RL_NODE_IP, else what its host name resolves to when that is not a
+    loopback address (the cluster's own name service: /etc/hosts or DNS), else None (Ray's own detection).
+    Ray detects the address through the default route; a node without one (the namespaced test cluster of
+    scripts/slurm_cluster.sh, some air-gapped clusters) would otherwise advertise 127.0.0.1."""
+    if os.environ.get("ARCTIC_RL_NODE_IP"):
+        return os.environ["ARCTIC_RL_NODE_IP"]
+    try:
+        address = socket.gethostbyname(socket.gethostname())
+    except OSError:
+        return None
+    return None if address.startswith("127.") else address
+
+
 def port_open(address: str, timeout_s: float = 1.0) -> bool:
     host, port = address.rsplit(":", 1)
     try:
@@ -120,6 +135,7 @@ class RayNode:
         self.log_path = cfg.job_dir / "logs" / f"ray-node{cfg.rank}.{attempt_id()}.log"
         self.port = free_port() if self.is_head else None
         self.head_address = head_address
+        self.node_ip = node_ip()
         self.proc: subprocess.Popen | None = None
 
     def argv(self) -> list[str]:
@@ -133,6 +149,8 @@ class RayNode:
             argv += ["--include-dashboard=false"]
         else:
             argv += [f"--address={self.head_address}"]
+        if self.node_ip:
+            argv.append(f"--node-ip-address={self.node_ip}")
         if cfg.num_cpus is not None:
             argv.append(f"--num-cpus={cfg.num_cpus}")
         if cfg.num_gpus is not None:
@@ -231,11 +249,7 @@ def probe_nodes(address: str, num_nodes: int, timeout_s: float) -> int:
     ray.init(address=address, logging_level="ERROR", log_to_driver=False)
     deadline, last = time.monotonic() + timeout_s, None
     while True:
-        ranks = {}
-        for node in ray.nodes():
-            labels = node.get("Labels") or {}
-            if node.get("Alive") and RANK_LABEL in labels:
-                ranks[labels[RANK_LABEL]] = labels.get(HOST_LABEL, node.get("NodeManagerHostname", "?"))
+        ranks = alive_ranks()
         if ranks != last:
             print(json.dumps(ranks), flush=True)
             last = ranks
@@ -244,6 +258,38 @@ def probe_nodes(address: str, num_nodes: int, timeout_s: float) -> int:
         if time.monotonic() > deadline:
             return PROBE_TIMED_OUT
         time.sleep(1.0)
+
+
+def alive_ranks() -> dict[str, str]:
+    """{rank label: host} of the job's nodes that Ray sees alive."""
+    import ray
+
+    ranks = {}
+    for node in ray.nodes():
+        labels = node.get("Labels") or {}
+        if node.get("Alive") and RANK_LABEL in labels:
+            ranks[labels[RANK_LABEL]] = labels.get(HOST_LABEL, node.get("NodeManagerHostname", "?"))
+    return ranks
+
+
+def watch_nodes(address: str, expected: dict[str, str]) -> int:
+    """Child-process side of the head's node watch: exits NODE_LOST, printing {"rank", "host"} as JSON, as
+    soon as Ray reports one of the `expected` ranks dead (Ray's health checks notice a node whose raylet is
+    gone or unreachable within tens of seconds). Runs until killed otherwise."""
+    import ray
+
+    ray.init(address=address, logging_level="ERROR", log_to_driver=False)
+    while True:
+        alive = alive_ranks()
+        for rank, host in sorted(expected.items()):
+            if rank not in alive:
+                print(json.dumps({"rank": int(rank), "host": host}), flush=True)
+                return NODE_LOST
+        time.sleep(2.0)
+
+
+class NodeLostError(RuntimeError):
+    """A node of the job left the Ray cluster while the recipe ran."""
 
 
 def wait_for_nodes(cfg: BootstrapConfig, address: str) -> dict[int, str]:
@@ -291,7 +337,11 @@ def ignore_usr2() -> None:
 
 def command_env(cfg: BootstrapConfig, address: str) -> dict[str, str]:
     """What the recipe command needs: the Ray address, plus facts for its MLflow tags and resume."""
-    env = {**os.environ, **ray_auth_env(cfg), "RAY_ADDRESS": address, "ARCTIC_RL_NODES": str(cfg.num_nodes)}
+    ray_env = {**ray_auth_env(cfg), "RAY_ADDRESS": address}
+    env = {**os.environ, **ray_env, "ARCTIC_RL_NODES": str(cfg.num_nodes)}
+    # The job's Ray, kept for arctic-rl's server where a framework points RAY_ADDRESS at a Ray of its own
+    # (SkyRL runs its own Ray version: the server it starts over HTTP still joins the job's cluster).
+    env["ARCTIC_RL_RAY_ENV"] = json.dumps(ray_env)
     env["ARCTIC_RL_JOB_DIR"] = str(cfg.job_dir)
     env["ARCTIC_RL_RESUME_KEY"] = str(cfg.job_dir)
     if cfg.num_gpus is not None:
@@ -303,13 +353,48 @@ def command_env(cfg: BootstrapConfig, address: str) -> dict[str, str]:
     return env
 
 
-def run_command(cfg: BootstrapConfig, address: str) -> int:
+def start_watch(cfg: BootstrapConfig, address: str, ranks: dict[int, str]) -> subprocess.Popen | None:
+    """The node watch (watch_nodes) in its own process, for the same reason as the probe; None on one node."""
+    if cfg.num_nodes < 2:
+        return None
+    expected = json.dumps({str(r): host for r, host in ranks.items() if r != 0})
+    argv = [sys.executable, "-m", "jobs.bootstrap", "--watch-nodes", address, expected]
+    return subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, env={**pythonpath_env(), **ray_auth_env(cfg)},
+                            start_new_session=True, preexec_fn=ignore_usr2)
+
+
+def stop_group(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
+    """SIGTERM to the process group, SIGKILL after grace_s."""
+    if proc.poll() is not None:
+        return
+    os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+def run_command(cfg: BootstrapConfig, address: str, ranks: dict[int, str] | None = None) -> int:
+    """Runs the recipe command to its end; raises NodeLostError (naming the node) when a node of the job
+    leaves the Ray cluster meanwhile, after stopping the command, rather than letting it hang on a dead engine
+    until the time limit."""
     log(0, f"RAY_ADDRESS={address}; running: {shlex.join(cfg.command)}")
     proc = subprocess.Popen(
         cfg.command, env=command_env(cfg, address), cwd=cfg.workdir, start_new_session=True, preexec_fn=ignore_usr2
     )
+    watch = start_watch(cfg, address, ranks or {})
     try:
-        code = proc.wait()
+        while (code := proc.poll()) is None:
+            if watch is not None and watch.poll() == NODE_LOST:
+                lost = json.loads(watch.stdout.readline())
+                log(0, f"node {lost['host']} (rank {lost['rank']}) left the Ray cluster; stopping the recipe")
+                stop_group(proc)
+                raise NodeLostError(
+                    f"node {lost['host']} (rank {lost['rank']}) left the job's Ray cluster while the recipe ran "
+                    f"(its Ray node died or became unreachable); the recipe was stopped. Node logs: "
+                    f"{cfg.job_dir / 'logs'}/ray-node{lost['rank']}.{attempt_id()}.log")
+            time.sleep(1.0)
         if -code in (signal.SIGTERM, signal.SIGKILL) and cfg.signal_grace_s > 0:
             # Killed by a signal: most likely this node is being preempted (SIGTERM to the whole step) and
             # the launcher's USR2 handler is about to checkpoint and requeue; give it the chance before
@@ -319,14 +404,11 @@ def run_command(cfg: BootstrapConfig, address: str) -> int:
             time.sleep(cfg.signal_grace_s)
         return code
     finally:
+        if watch is not None:
+            stop_group(watch, grace_s=2.0)
         if proc.poll() is None:  # we are unwinding (signal, preemption): stop the recipe before Ray
             log(0, "stopping the recipe command (SIGTERM, then SIGKILL after 10 s)")
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+            stop_group(proc)
 
 
 def run_head(cfg: BootstrapConfig) -> int:
@@ -339,9 +421,9 @@ def run_head(cfg: BootstrapConfig) -> int:
         address = node.wait_head_ready()
         head_file(cfg).write_text(json.dumps({"address": address, "host": socket.gethostname()}))
         log(0, f"Ray head up at {address} ({time.monotonic() - t0:.1f} s); waiting for {cfg.num_nodes} node(s)")
-        wait_for_nodes(cfg, address)
+        ranks = wait_for_nodes(cfg, address)
         log(0, f"all {cfg.num_nodes} node(s) registered ({time.monotonic() - t0:.1f} s)")
-        rc = run_command(cfg, address)
+        rc = run_command(cfg, address, ranks)
         return rc
     finally:
         stop_file(cfg).touch()
@@ -454,6 +536,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["--probe-nodes"]:
         return probe_nodes(argv[1], int(argv[2]), float(argv[3]))
+    if argv[:1] == ["--watch-nodes"]:
+        return watch_nodes(argv[1], json.loads(argv[2]))
     cfg = parse_args(argv)
     raise_on_sigterm()
     return run(cfg)

@@ -1,8 +1,7 @@
 """TorchX component for a recipe run: the same job as `python -m jobs.slurm submit`, for TorchX users.
 
-    torchx run -s local_cwd jobs/components.py:recipe --recipe text2sql --config CONFIG.yaml -- trainer.steps=10
-    torchx run -s slurm -cfg partition=gpu,time=04:00:00 jobs/components.py:recipe \
-        --recipe text2sql --config CONFIG.yaml --nodes 2 --gpus_per_node 8 -- trainer.steps=10
+    torchx run -s slurm -cfg time=30 jobs/components.py:recipe --recipe text2sql --nodes 2 --cpus_per_node 2 \
+        -- train.steps=2
 
 One role with one replica per node; TorchX's Slurm scheduler runs each replica as a het-job group through
 `srun`. Every replica runs jobs/bootstrap.py with its replica id as rank: replica 0 is the Ray head and
@@ -29,7 +28,7 @@ def recipe(
     gpus_per_node: int = 0,
     cpus_per_node: int = 1,
     mem_mb: int = 0,
-    command: str = launch.DEFAULT_COMMAND,
+    command: str = "",
     job_root: str = launch.DEFAULT_JOB_ROOT,
     max_retries: int = 0,
     register_timeout_s: int = 300,
@@ -45,7 +44,8 @@ def recipe(
         gpus_per_node: GPUs per node
         cpus_per_node: CPUs per node (also Ray's --num-cpus)
         mem_mb: memory per node in MB (0: the partition's default)
-        command: the recipe command, run on the first node
+        command: run this command as given on the first node instead of `arctic-rl run CONFIG key=value ...`
+            (a native verl or SkyRL baseline); takes no config or overrides
         job_root: where the job folder (checkpoints, logs) is created
         max_retries: times the job is requeued after a failure; it resumes from its last checkpoint
         register_timeout_s: how long the head waits for all nodes to join Ray
@@ -55,7 +55,7 @@ def recipe(
     # The component runs at `torchx run` time, on the submitting machine: the job folder and the MLflow
     # URI are fixed here, so every retry of this job shares them.
     job_dir = launch.new_job_dir(recipe, job_root)
-    cmd = launch.recipe_command(launch.resolve_config(recipe, config or None), overrides, job_dir, command)
+    cmd = launch.prepare(recipe, config or None, overrides, job_dir, command or None)
     args = [
         "-m", "jobs.bootstrap", f"--job-dir={job_dir}", f"--nnodes={nodes}", f"--rank={specs.macros.replica_id}",
         f"--head-env={specs.macros.rank0_env}", f"--num-cpus={cpus_per_node}", f"--recipe={recipe}",

@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 import secrets
 import shlex
+import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -23,10 +24,7 @@ def check_recipe(recipe: str) -> str:
 
 
 def resolve_config(recipe: str, config: str | None) -> str:
-    """The config path as given (checked to exist), or recipes/<recipe>/configs/default.yaml.
-    `-` passes through (the smoke recipe's "no config")."""
-    if config == "-":
-        return config
+    """The config path as given (checked to exist), or recipes/<recipe>/configs/default.yaml."""
     if config is None:
         default = REPO_ROOT / "recipes" / recipe / "configs" / "default.yaml"
         if not default.exists():
@@ -44,21 +42,59 @@ def check_overrides(overrides: Sequence[str]) -> list[str]:
     for item in overrides:
         key, sep, _ = item.partition("=")
         if not sep or not key:
-            raise ValueError(f"override {item!r} is not key=value (e.g. trainer.steps=10)")
+            raise ValueError(f"override {item!r} is not key=value (e.g. train.steps=10)")
     return list(overrides)
 
 
-def recipe_command(
-    config: str, overrides: Sequence[str], job_dir: Path, command: str = DEFAULT_COMMAND
-) -> list[str]:
-    """`<command> CONFIG key=value ... checkpoint.dir=<job>/checkpoints resume=auto`.
+def is_native(command: str | None) -> bool:
+    """A `--command` other than `arctic-rl run` (a native verl or SkyRL command, or any stand-in): run as given."""
+    return command is not None and shlex.split(command) != shlex.split(DEFAULT_COMMAND)
 
-    The last two keys make a requeued job continue from its latest checkpoint; a user's own value for
-    either key is kept as given."""
+
+def recipe_command(
+    config: str | None, overrides: Sequence[str], job_dir: Path, command: str | None = None
+) -> list[str]:
+    """The command rank 0 runs.
+
+    `arctic-rl run` (the default): `arctic-rl run CONFIG key=value ... checkpoint.dir=<job>/checkpoints
+    resume=auto`; the last two keys make a requeued job continue from its latest checkpoint, and a user's own
+    value for either is kept as given. `arctic-rl` is this environment's own script, by absolute path: compute
+    nodes see the same (shared) install, not necessarily the same PATH.
+    Any other command runs exactly as given (native verl/SkyRL baselines): it takes no config and no overrides
+    from the launcher, which would have to guess their syntax; the job folder reaches it as ARCTIC_RL_JOB_DIR."""
+    if is_native(command):
+        if overrides or config is not None:
+            given = " ".join([*(["--config " + config] if config is not None else []), *overrides])
+            raise ValueError(f"--command runs as given: put '{given}' into the command itself")
+        return shlex.split(command)
     keys = {item.partition("=")[0] for item in check_overrides(overrides)}
     extra = [] if "checkpoint.dir" in keys else [f"checkpoint.dir={job_dir / 'checkpoints'}"]
     extra += [] if "resume" in keys else ["resume=auto"]
-    return [*shlex.split(command), config, *overrides, *extra]
+    arctic = str(Path(sys.executable).with_name("arctic-rl"))
+    return [arctic, "run", config, *overrides, *extra]
+
+
+def validate_run(config: str, overrides: Sequence[str]) -> None:
+    """The run config with its overrides, validated here, on the submitting machine, before anything is
+    queued: a wrong key fails in a second (naming the key and the allowed keys), not on a compute node after
+    the job waited in the queue."""
+    from arctic_rl.errors import ConfigError
+    from arctic_rl.runconfig import load_run_config
+
+    try:
+        load_run_config(config, list(overrides))
+    except ConfigError as err:
+        raise ValueError(str(err)) from None
+
+
+def prepare(recipe: str, config: str | None, overrides: Sequence[str], job_dir: Path,
+            command: str | None = None) -> list[str]:
+    """What both launchers do before submitting: resolve the config, validate it, build the command."""
+    if is_native(command):
+        return recipe_command(config, overrides, job_dir, command)
+    resolved = resolve_config(recipe, config)
+    validate_run(resolved, overrides)
+    return recipe_command(resolved, overrides, job_dir)
 
 
 def new_job_dir(recipe: str, job_root: str | Path = DEFAULT_JOB_ROOT) -> Path:

@@ -1,7 +1,6 @@
 """Submit a recipe as one Slurm batch job through submitit.
 
-    python -m jobs.slurm submit --recipe text2sql --config recipes/text2sql/configs/x.yaml \
-        trainer.steps=100 --nodes 2 --gpus-per-node 8 --partition gpu --time 04:00:00
+    python -m jobs.slurm submit --recipe text2sql train.steps=2 --nodes 2 --cpus-per-node 2 --time 30
 
 Inside the allocation submitit starts one task per node (srun); each runs jobs/bootstrap.py: the first
 node is the Ray head and runs `arctic-rl run CONFIG key=value ... checkpoint.dir=<job>/checkpoints
@@ -76,12 +75,14 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--config", help="recipe config YAML (default recipes/<recipe>/configs/default.yaml)")
     s.add_argument("--nodes", type=int, default=1)
     s.add_argument("--gpus-per-node", type=int, default=0)
-    s.add_argument("--cpus-per-node", type=int, default=1, help="CPUs per node (also Ray's --num-cpus)")
+    s.add_argument("--cpus-per-node", type=int, help="CPUs per node (also Ray's --num-cpus); default: whole "
+                   "nodes (--exclusive), Ray counts their CPUs")
     s.add_argument("--mem-gb", type=int, help="memory per node (default: the partition's default)")
     s.add_argument("--partition", help="Slurm partition (default: the cluster's default)")
     s.add_argument("--time", default="60", help="time limit, minutes or [D-]HH:MM:SS (default 60)")
     s.add_argument("--account")
-    s.add_argument("--command", default=launch.DEFAULT_COMMAND, help="recipe command (default '%(default)s')")
+    s.add_argument("--command", help=f"run this command as given instead of `{launch.DEFAULT_COMMAND} CONFIG "
+                   "key=value ...` (a native verl or SkyRL baseline); takes no --config or overrides")
     s.add_argument("--job-root", default=launch.DEFAULT_JOB_ROOT, help="where job folders are created")
     s.add_argument("--cluster", choices=["slurm", "local", "debug"], default="slurm")
     s.add_argument("--max-requeues", type=int, default=3, help="requeues after time-out (preemptions are unlimited)")
@@ -98,14 +99,18 @@ def make_executor(args: argparse.Namespace, job_dir: Path) -> submitit.AutoExecu
     )
     params: dict[str, Any] = {
         "name": f"arctic-rl-{args.recipe}", "nodes": args.nodes, "tasks_per_node": 1,
-        "cpus_per_task": args.cpus_per_node, "timeout_min": launch.parse_slurm_time(args.time),
+        "timeout_min": launch.parse_slurm_time(args.time),
     }
+    if args.cpus_per_node:
+        params["cpus_per_task"] = args.cpus_per_node
     if args.gpus_per_node:
         params["gpus_per_node"] = args.gpus_per_node
     if args.mem_gb:
         params["mem_gb"] = args.mem_gb
     if args.cluster == "slurm":
         params["slurm_signal_delay_s"] = args.signal_delay_s
+        if not args.cpus_per_node:  # GPU bundles need the node's CPUs too; one CPU per node cannot place them
+            params["slurm_exclusive"] = True
         # The job imports `jobs` and `arctic_rl` from this checkout, whatever directory Slurm starts it in.
         params["slurm_setup"] = [f"export PYTHONPATH={launch.REPO_ROOT}${{PYTHONPATH:+:$PYTHONPATH}}"]
         if args.partition:
@@ -119,8 +124,7 @@ def make_executor(args: argparse.Namespace, job_dir: Path) -> submitit.AutoExecu
 
 
 def make_template(args: argparse.Namespace, job_dir: Path) -> bootstrap.BootstrapConfig:
-    config = launch.resolve_config(args.recipe, args.config)
-    command = launch.recipe_command(config, args.overrides, job_dir, args.command)
+    command = launch.prepare(args.recipe, args.config, args.overrides, job_dir, args.command)
     return bootstrap.BootstrapConfig(
         command=command, job_dir=job_dir, num_cpus=args.cpus_per_node,
         num_gpus=args.gpus_per_node if args.gpus_per_node else None,

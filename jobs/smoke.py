@@ -6,7 +6,8 @@ from the last checkpoint (resume=auto), as `arctic-rl run` does. Same command li
     python -m jobs.smoke CONFIG.yaml steps=3 step_s=0.5 engines=2 checkpoint.dir=/tmp/ck resume=auto
 
 CONFIG.yaml may hold the same keys (`-` for none); `key=value` overrides win. Use it to try a new cluster
-(`python -m jobs.slurm submit --recipe smoke --config - --command "python -m jobs.smoke" --nodes 2 ...`).
+(`python -m jobs.slurm submit --recipe smoke --command "python -m jobs.smoke - engines=2" --nodes 2 ...`);
+under a job, checkpoint.dir defaults to $ARCTIC_RL_JOB_DIR/checkpoints.
 """
 
 from __future__ import annotations
@@ -75,7 +76,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
 
     cfg = parse(sys.argv[1:] if argv is None else argv)
-    ckpt_dir = Path(str(cfg["checkpoint.dir"])) if cfg["checkpoint.dir"] else None
+    # Under a job (ARCTIC_RL_JOB_DIR, set by jobs.bootstrap) checkpoints default to the job's folder, as the
+    # launchers give `arctic-rl run`; a requeued attempt resumes from there.
+    job_dir = os.environ.get("ARCTIC_RL_JOB_DIR")
+    default_dir = str(Path(job_dir) / "checkpoints") if job_dir else ""
+    ckpt_dir = Path(str(cfg["checkpoint.dir"] or default_dir)) if cfg["checkpoint.dir"] or default_dir else None
     start = last_checkpoint(ckpt_dir) if ckpt_dir and cfg["resume"] in ("auto", "true") else 0
     ray.init(address=os.environ.get("RAY_ADDRESS"), logging_level="ERROR", log_to_driver=False)
     nodes = [n for n in ray.nodes() if n["Alive"]]

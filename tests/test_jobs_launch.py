@@ -26,12 +26,44 @@ def test_parse_slurm_time_rejects(value: str) -> None:
         launch.parse_slurm_time(value)
 
 
+ARCTIC = str(Path(sys.executable).with_name("arctic-rl"))
+
+
 def test_recipe_command_adds_checkpoint_and_resume(tmp_path: Path) -> None:
-    cmd = launch.recipe_command("c.yaml", ["trainer.steps=3"], tmp_path)
-    assert cmd == ["arctic-rl", "run", "c.yaml", "trainer.steps=3", f"checkpoint.dir={tmp_path}/checkpoints", "resume=auto"]
+    cmd = launch.recipe_command("c.yaml", ["train.steps=3"], tmp_path)
+    assert cmd == [ARCTIC, "run", "c.yaml", "train.steps=3", f"checkpoint.dir={tmp_path}/checkpoints", "resume=auto"]
     # the user's own keys are kept, not duplicated
-    cmd = launch.recipe_command("c.yaml", ["checkpoint.dir=/x", "resume=false"], tmp_path, "python -m jobs.smoke")
-    assert cmd == ["python", "-m", "jobs.smoke", "c.yaml", "checkpoint.dir=/x", "resume=false"]
+    cmd = launch.recipe_command("c.yaml", ["checkpoint.dir=/x", "resume=never"], tmp_path, "arctic-rl run")
+    assert cmd == [ARCTIC, "run", "c.yaml", "checkpoint.dir=/x", "resume=never"]
+
+
+def test_native_command_runs_as_given(tmp_path: Path) -> None:
+    native = "python -m recipes.verl.main trainer.total_training_steps=2 'data.train_files=a b.parquet'"
+    assert launch.recipe_command(None, [], tmp_path, native) == [
+        "python", "-m", "recipes.verl.main", "trainer.total_training_steps=2", "data.train_files=a b.parquet"]
+    with pytest.raises(ValueError, match="--command runs as given: put 'train.steps=2' into the command"):
+        launch.recipe_command(None, ["train.steps=2"], tmp_path, native)
+
+
+def test_every_recipe_ships_a_default_config_that_validates() -> None:
+    for recipe in ("text2sql", "longqa", "toy"):
+        config = launch.resolve_config(recipe, None)
+        assert config.endswith(f"recipes/{recipe}/configs/default.yaml")
+        launch.validate_run(config, ["train.steps=2"])
+
+
+def test_wrong_key_fails_before_anything_is_queued(tmp_path: Path) -> None:
+    """A typo'd override is refused on the submitting machine within seconds, naming the key and the allowed
+    keys, and leaves no job folder behind (it used to fail on the compute node after the job queued)."""
+    out = subprocess.run(
+        [sys.executable, "-m", "jobs.slurm", "submit", "--recipe", "text2sql", "trainer.steps=2", "--nodes", "2",
+         "--job-root", str(tmp_path / "jobs")],
+        cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert "trainer: Extra inputs are not permitted (allowed: model, backend, recipe" in out.stderr, out.stderr
+    assert not (tmp_path / "jobs").exists()
+    with pytest.raises(ValueError, match=r"train\.stpes: Extra inputs.*allowed: steps, prompts_per_step"):
+        recipe("train.stpes=3", recipe="text2sql", job_root=str(tmp_path / "jobs"))
 
 
 def test_bad_inputs_name_the_value(tmp_path: Path) -> None:
@@ -47,12 +79,12 @@ def test_bad_inputs_name_the_value(tmp_path: Path) -> None:
 
 def test_component_has_one_replica_per_node(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
-    app = recipe("trainer.steps=3", recipe="text2sql", config="-", nodes=2, gpus_per_node=8, cpus_per_node=4)
+    app = recipe("train.steps=3", recipe="text2sql", nodes=2, gpus_per_node=8, cpus_per_node=4)
     (role,) = app.roles
     assert role.num_replicas == 2 and role.resource.gpu == 8 and role.resource.cpu == 4
     assert role.entrypoint == sys.executable
     sep = role.args.index("--")
-    assert role.args[sep + 1 : sep + 5] == ["arctic-rl", "run", "-", "trainer.steps=3"]
+    assert role.args[sep + 1 : sep + 5] == [ARCTIC, "run", launch.resolve_config("text2sql", None), "train.steps=3"]
     assert role.args[sep + 6] == "resume=auto"
     assert "--nnodes=2" in role.args and "--num-gpus=8" in role.args
 
@@ -61,8 +93,8 @@ def test_torchx_slurm_dryrun_writes_a_het_job(tmp_path: Path) -> None:
     """`torchx run --dryrun -s slurm` prints the sbatch script without needing Slurm."""
     out = subprocess.run(
         [str(Path(sys.executable).with_name("torchx")), "run", "--dryrun", "-s", "slurm", "-cfg", "time=10",
-         str(REPO / "jobs" / "components.py") + ":recipe", "--recipe", "text2sql", "--config", "-", "--nodes", "2",
-         "--", "trainer.steps=3"],
+         str(REPO / "jobs" / "components.py") + ":recipe", "--recipe", "text2sql", "--nodes", "2",
+         "--", "train.steps=3"],
         cwd=tmp_path, capture_output=True, text=True, timeout=120,
     )
     assert out.returncode == 0, out.stderr

@@ -6,8 +6,8 @@ Needs Slurm with accounting up: `scripts/slurm_setup.sh` (as root). These tests 
 not, so CI cannot pass without exercising Slurm.
 
 The recipe is jobs/smoke.py (a stand-in with the command line of `arctic-rl run`: it connects to the job's
-Ray cluster, logs timing_s/* steps through Tracker and checkpoints/resumes). Set ARCTIC_RL_JOBS_TEST_COMMAND
-and ARCTIC_RL_JOBS_TEST_CONFIG to run a real recipe instead (e.g. "arctic-rl run" and a tiny config).
+Ray cluster, logs timing_s/* steps through Tracker and checkpoints/resumes). The real recipe runs in
+tests/test_jobs_real_recipe.py and, on two hosts, tests/test_jobs_multinode.py.
 """
 
 import os
@@ -24,8 +24,7 @@ from mlflow.tracking import MlflowClient
 from jobs import slurm
 
 REPO = Path(__file__).resolve().parent.parent
-COMMAND = os.environ.get("ARCTIC_RL_JOBS_TEST_COMMAND", f"{sys.executable} -m jobs.smoke")
-CONFIG = os.environ.get("ARCTIC_RL_JOBS_TEST_CONFIG", "-")
+SMOKE = f"{sys.executable} -m jobs.smoke -"
 RAY_ARGS = "--ray-args=--object-store-memory=100000000"
 JOB_TIMEOUT_S = 420
 
@@ -52,9 +51,9 @@ def workdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 def submit(recipe: str, *overrides: str, time_limit: str = "10") -> "slurm.submitit.Job":
     args, _ = slurm.build_parser().parse_known_args(
-        ["submit", "--recipe", recipe, "--config", CONFIG, "--command", COMMAND, RAY_ARGS, "--time", time_limit,
+        ["submit", "--recipe", recipe, "--command", " ".join([SMOKE, *overrides]), RAY_ARGS, "--time", time_limit,
          "--cpus-per-node", "1"])
-    args.overrides = list(overrides)
+    args.overrides = []
     return slurm.submit(args)
 
 
@@ -95,8 +94,7 @@ def test_torchx_slurm_job_logs_to_mlflow(workdir: Path) -> None:
     torchx = str(Path(sys.executable).with_name("torchx"))
     out = subprocess.run(
         [torchx, "run", "--wait", "-s", "slurm", "-cfg", "time=10", f"{REPO}/jobs/components.py:recipe",
-         "--recipe", "slurm-torchx", "--config", CONFIG, "--command", COMMAND, f"--ray_args={RAY_ARGS.split('=', 1)[1]}",
-         "--", "steps=2"],
+         "--recipe", "slurm-torchx", "--command", f"{SMOKE} steps=2", f"--ray_args={RAY_ARGS.split('=', 1)[1]}"],
         cwd=workdir, capture_output=True, text=True, timeout=JOB_TIMEOUT_S,
     )
     log = out.stdout + out.stderr

@@ -52,9 +52,10 @@ def test_overrides_are_yaml_scalars():
 
 
 @pytest.mark.parametrize("override, match", [
-    (["train.stpes=3"], r"train\.stpes: Extra inputs"),
+    (["train.stpes=3"], r"train\.stpes: Extra inputs.*allowed: steps, prompts_per_step"),
     (["bogus=1"], r"bogus: Extra inputs"),
-    (["async.bogus=1"], r"async\.bogus: Extra inputs"),
+    (["async.bogus=1"], r"async\.bogus: Extra inputs.*allowed: enable, max_staleness"),
+    (["backend.training_config.zero=3"], r"backend\.training_config\.zero: Extra inputs.*allowed: .*zero_stage"),
     (["backend.vllm_config.bogus=1"], r"backend\.vllm_config\.bogus"),
     (["backend.training_config.optimizer.lr=-1"], r"backend\.training_config\.optimizer\.lr"),
     (["backend.model_name=x"], r"backend\.model_name: set model\.name_or_path"),

@@ -2,6 +2,7 @@
 starts `arctic-rl serve` on this machine and waits for it."""
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -69,9 +70,12 @@ class HttpTransport:
         print(f"[arctic-rl] starting server on {self.base} ...", file=sys.stderr, flush=True)
         python, env = sys.executable, dict(os.environ)
         if config.server_python:
-            # Another environment: it starts its own Ray, never the one this process may be a worker of.
+            # Another environment: never the Ray this process may be a worker of (another Ray version), but the
+            # job's own Ray where a launcher gave one (ARCTIC_RL_RAY_ENV, set by jobs.bootstrap), else its own.
             python = str(Path(config.server_python).expanduser())
             env = {k: v for k, v in env.items() if not k.startswith("RAY_ADDRESS")}
+            if os.environ.get("ARCTIC_RL_RAY_ENV"):
+                env.update(json.loads(os.environ["ARCTIC_RL_RAY_ENV"]))
         # The token goes by environment (readable by this user only), never in the command line.
         env.pop(TOKEN_ENV, None)
         if self.token:

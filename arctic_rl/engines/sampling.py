@@ -7,6 +7,7 @@ On CUDA with tensor parallelism the same call goes through `collective_rpc` to e
 from __future__ import annotations
 
 import os
+import socket
 import time
 from typing import Any
 
@@ -61,6 +62,7 @@ class SamplingWorker:
     def ping(self) -> dict:
         import ray
         return {"replica": self.replica, "pid": os.getpid(), "start_s": self.start_s, "asleep": self.asleep,
+                "host": socket.gethostname(),
                 "node_id": ray.get_runtime_context().get_node_id(), "gpu_ids": [str(g) for g in ray.get_gpu_ids()]}
 
     def generate(self, prompts: list, params: dict) -> list[list[dict]]:

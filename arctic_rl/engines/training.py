@@ -163,6 +163,7 @@ class TrainingWorker:
     def ping(self) -> dict:
         import ray
         return {"rank": self.rank, "pid": os.getpid(), "trainable": self.trainable,
+                "host": socket.gethostname(),
                 "node_id": ray.get_runtime_context().get_node_id(), "gpu_ids": [str(g) for g in ray.get_gpu_ids()]}
 
     def vocab_size(self) -> int:

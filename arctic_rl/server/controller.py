@@ -34,11 +34,12 @@ def controller_name(job_id: str) -> str:
 
 class _CpuPlacer:
     """CPU clusters: one SPREAD placement group of token bundles (0.01 CPU: no real reservation, all
-    engines share the cores), actors dealt to bundles round-robin over the nodes the bundles landed
-    on, so a multi-node CPU cluster uses every node. The GCS places bundles from its own view of the
-    cluster, and an actor's lease then follows its bundle. (Ray's SPREAD strategy and soft node
-    affinity are decided from the local raylet's view, which in CI had not yet seen a node that had
-    just joined, and packed every engine on one node.)"""
+    engines share the cores). Each engine's workers are dealt over the nodes the bundles landed on:
+    trainer rank r and sampler replica r go to node r mod N (or the next node with a bundle left), so a
+    multi-node CPU cluster runs trainer ranks and sampler replicas on every node. The GCS places bundles
+    from its own view of the cluster, and an actor's lease then follows its bundle. (Ray's SPREAD strategy
+    and soft node affinity are decided from the local raylet's view, which in CI had not yet seen a node
+    that had just joined, and packed every engine on one node.)"""
 
     def __init__(self, cfg: ArcticRLClientConfig):
         from ray.util.placement_group import placement_group, placement_group_table
@@ -50,23 +51,24 @@ class _CpuPlacer:
         by_node: dict[str, list[int]] = {}
         for b, node in sorted(placement_group_table(self.pg)["bundles_to_node_id"].items()):
             by_node.setdefault(node, []).append(b)
-        queues = [by_node[k] for k in sorted(by_node)]
-        self.order = [q[k] for k in range(max(map(len, queues))) for q in queues if k < len(q)]
-        self.i = 0
+        self.queues = [by_node[k] for k in sorted(by_node)]
+        self.num_trainers = cfg.training_gpus
 
-    def _next(self) -> dict:
+    def _take(self, slot: int) -> dict:
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
-        bundle, self.i = self.order[self.i], self.i + 1
+        n = len(self.queues)
+        queue = next(self.queues[(slot + k) % n] for k in range(n) if self.queues[(slot + k) % n])
         return {"num_cpus": 0, "scheduling_strategy": PlacementGroupSchedulingStrategy(
-            placement_group=self.pg, placement_group_bundle_index=bundle)}
+            placement_group=self.pg, placement_group_bundle_index=queue.pop(0))}
 
     def trainer(self, rank: int) -> dict:
-        return self._next()
+        return self._take(rank)
 
-    reference = trainer
+    def reference(self, rank: int) -> dict:
+        return self._take(self.num_trainers + rank)
 
     def sampler(self, replica: int) -> tuple[dict, dict]:
-        return self._next(), {}
+        return self._take(replica), {}
 
     def release(self) -> None:
         from ray.util.placement_group import remove_placement_group

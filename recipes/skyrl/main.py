@@ -62,7 +62,7 @@ class ArcticPPOExp(BasePPOExp):
 
     def _setup_trainer(self):
         from arctic_rl import create_arctic_rl_client
-        from arctic_rl.tracking import BACKEND_ARCTIC, FRAMEWORK_SKYRL, set_run_context
+        from arctic_rl.tracking import BACKEND_ARCTIC, FRAMEWORK_SKYRL, placement_tags, set_run_context
         from recipes.skyrl.generator import ArcticGenerator
         from recipes.skyrl.trainer import ArcticPPOTrainer, client_config_from_skyrl
 
@@ -73,6 +73,7 @@ class ArcticPPOExp(BasePPOExp):
                         str(self.cfg.trainer.policy.model.path))
         tracker = self.get_tracker()
         self.client = create_arctic_rl_client(client_config)
+        print(f"[arctic-rl] placement: {placement_tags(self.client.health())['placement']}", flush=True)
         generator = ArcticGenerator(self.cfg, self.tokenizer, self.client)
         trainer = ArcticPPOTrainer(cfg=self.cfg, tracker=tracker, tokenizer=self.tokenizer,
                                    train_dataset=self.train_dataset, eval_dataset=self.eval_dataset,

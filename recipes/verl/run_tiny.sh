@@ -19,11 +19,18 @@ PYTHON=${PYTHON:-$VENV/bin/python}
 VERL_DATA=$(realpath -m "${VERL_DATA:-runs/verl-data}")
 VERL_OUT=$(realpath -m "${VERL_OUT:-runs/verl-tiny}")
 mkdir -p "$VERL_OUT"
-export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 RAY_AUTH_MODE=disabled TOKENIZERS_PARALLELISM=false
+export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 export PYTHONPATH=$ROOT:$VENV/verl-ref:$VENV/verl-trainer${PYTHONPATH:+:$PYTHONPATH}
 export MLFLOW_TRACKING_URI=${MLFLOW_TRACKING_URI:-sqlite:///$VERL_OUT/mlflow.db}
 export ARCTIC_RL_STATE_DIR=${ARCTIC_RL_STATE_DIR:-$VERL_OUT/arctic-state}
-unset RAY_ADDRESS  # +ray_kwargs.ray_init.address=local: a private Ray for this run
+if [ -n "${ARCTIC_RL_JOB_DIR:-}" ] && [ -n "${RAY_ADDRESS:-}" ]; then
+  # Inside a job (jobs/bootstrap.py): verl's workers and arctic-rl's engines use the job's multi-node Ray.
+  RAY_INIT=(+ray_kwargs.ray_init.address="$RAY_ADDRESS")
+else
+  export RAY_AUTH_MODE=disabled
+  unset RAY_ADDRESS  # a private Ray for this run
+  RAY_INIT=(+ray_kwargs.ray_init.num_cpus=16 +ray_kwargs.ray_init.address=local)
+fi
 [ -f "$VERL_DATA/train.parquet" ] || "$PYTHON" -m recipes.verl.gsm8k --out "$VERL_DATA"
 exec "$PYTHON" -m recipes.verl.main \
   data.train_files="$VERL_DATA/train.parquet" data.val_files="$VERL_DATA/test.parquet" \
@@ -39,4 +46,4 @@ exec "$PYTHON" -m recipes.verl.main \
   trainer.total_training_steps=2 trainer.val_before_train=False trainer.test_freq=-1 trainer.save_freq=-1 \
   trainer.default_local_dir="$VERL_OUT/checkpoints" \
   trainer.logger='[console,mlflow]' trainer.project_name=gsm8k trainer.experiment_name=verl-arctic-tiny \
-  +ray_kwargs.ray_init.num_cpus=16 +ray_kwargs.ray_init.address=local "$@"
+  "${RAY_INIT[@]}" "$@"

@@ -67,7 +67,10 @@ class ArcticActorRolloutRefWorker(Worker):
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self):
         from arctic_rl import create_arctic_rl_client
+        from arctic_rl.tracking import placement_tags
+
         self.client = create_arctic_rl_client(client_config_from_verl(self.config))
+        print(f"[arctic-rl] placement: {placement_tags(self.client.health())['placement']}", flush=True)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def arctic_config(self) -> str:

@@ -1,0 +1,64 @@
+"""The one strict pydantic base of every config, and the one formatter of its validation errors.
+
+Every config model forbids unknown keys; an error names the dotted path, the value, and for an unknown key
+the keys that are allowed there:
+
+    train.stpes: Extra inputs are not permitted (allowed: steps, prompts_per_step, ppo_epochs, mini_batch_size, micro_batch_size)
+"""
+from __future__ import annotations
+
+import types
+import typing
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, validate_assignment=True)
+
+
+def _submodel(annotation: Any) -> type[BaseModel] | None:
+    """The pydantic model inside `annotation` (X, X | None, Optional[X]), if there is one."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        for arg in typing.get_args(annotation):
+            found = _submodel(arg)
+            if found is not None:
+                return found
+    return None
+
+
+def _key(name: str, field: Any) -> str:
+    return field.alias or name
+
+
+def allowed_keys(model: type[BaseModel], path: tuple[Any, ...]) -> list[str] | None:
+    """The keys the model accepts at `path` (a tuple of field names/aliases), or None where it is not a model."""
+    cls: type[BaseModel] | None = model
+    for part in path:
+        fields = {_key(n, f): f for n, f in cls.model_fields.items()} | dict(cls.model_fields)
+        field = fields.get(str(part))
+        cls = _submodel(field.annotation) if field is not None else None
+        if cls is None:
+            return None
+    return [_key(n, f) for n, f in cls.model_fields.items()]
+
+
+def explain(e: ValidationError, model: type[BaseModel] | None = None) -> str:
+    """One line per error: `dotted.path: message (got value)`; unknown keys list the allowed ones."""
+    lines = []
+    for err in e.errors():
+        loc = tuple(err["loc"])
+        where = ".".join(str(x) for x in loc)
+        if err["type"] == "extra_forbidden":
+            allowed = allowed_keys(model, loc[:-1]) if model is not None else None
+            hint = f" (allowed: {', '.join(allowed)})" if allowed else ""
+            lines.append(f"{where}: {err['msg']}{hint}")
+            continue
+        msg = err["msg"].removeprefix("Value error, ")
+        val = err.get("input")
+        shown = "" if isinstance(val, dict) or err["type"] in ("value_error", "missing") else f" (got {val!r})"
+        lines.append(f"{where}: {msg}{shown}" if where else f"{msg}{shown}")
+    return "; ".join(lines)

@@ -1,0 +1,189 @@
+# Shared by scripts/slurm_setup.sh (one node) and scripts/slurm_cluster.sh (one namespace per node):
+# packages, munge, MariaDB + slurmdbd, and the helpers both use. Sourced, not run.
+# Why accounting: TorchX 0.7's Slurm scheduler reads job state only through `sacct`, so
+# `torchx run --wait` / `torchx status` need slurmdbd (backed by MariaDB).
+
+CLUSTER=${SLURM_CLUSTER_NAME:-arctic}
+PARTITION=${SLURM_PARTITION:-debug}
+DB_PASS=${SLURM_DB_PASS:-arctic-slurmdbd}
+LOG_DIR=/var/log/slurm
+t0=$(date +%s)
+
+say() { echo "[$SCRIPT +$(($(date +%s) - t0))s] $*"; }
+die() { echo "[$SCRIPT] ERROR: $*" >&2; exit 1; }
+
+# Waits until "$@" succeeds, polling every 0.5 s; on timeout prints the log tail and fails.
+wait_for() {
+  local what=$1 timeout=$2 log=$3; shift 3
+  local deadline=$(($(date +%s) + timeout))
+  until "$@" >/dev/null 2>&1; do
+    if [ "$(date +%s)" -ge "$deadline" ]; then
+      echo "[$SCRIPT] ERROR: $what not ready after ${timeout}s; last lines of $log:" >&2
+      tail -n 20 "$log" >&2 2>/dev/null || true
+      exit 1
+    fi
+    sleep 0.5
+  done
+}
+
+# Writes $2 (content) to $1 when different; returns 0 when the file changed.
+write_if_changed() {
+  local path=$1 content=$2
+  if [ -f "$path" ] && [ "$(cat "$path")" = "$content" ]; then return 1; fi
+  printf '%s\n' "$content" >"$path"
+  return 0
+}
+
+# Runs a daemon detached from our stdout/stderr so that a caller reading our output (pytest's
+# subprocess pipe) does not wait for the daemon to exit.
+spawn() { local log=$1; shift; setsid "$@" </dev/null >>"$log" 2>&1 & }
+
+pid_alive() { [ -f "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
+
+stop_pidfile() {
+  local pidfile=$1 pid
+  if pid_alive "$pidfile"; then
+    pid=$(cat "$pidfile")  # read once: the daemon removes its pid file as it exits
+    kill "$pid"
+    for _ in $(seq 40); do kill -0 "$pid" 2>/dev/null || break; sleep 0.25; done
+    kill -9 "$pid" 2>/dev/null || true
+  fi
+  rm -f "$pidfile"
+}
+
+require_root() { [ "$(id -u)" -eq 0 ] || die "run as root (found uid $(id -u)): the daemons and apt-get need it"; }
+
+# 1. packages -------------------------------------------------------------------------------------
+install_packages() {
+  local need=() pair
+  for pair in slurmctld:slurm-wlm slurmdbd:slurmdbd munged:munge mariadbd:mariadb-server; do
+    command -v "${pair%%:*}" >/dev/null 2>&1 || need+=("${pair#*:}")
+  done
+  if [ ${#need[@]} -gt 0 ]; then
+    say "installing ${need[*]} (apt-get) ..."
+    # policy-rc.d blocks the packages' postinst from trying to start services (no init system here).
+    printf '#!/bin/sh\nexit 101\n' >/usr/sbin/policy-rc.d && chmod +x /usr/sbin/policy-rc.d
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq >/dev/null
+    apt-get install -y -qq slurm-wlm slurmdbd munge mariadb-server >/tmp/slurm-setup-apt.log 2>&1 \
+      || { tail -n 20 /tmp/slurm-setup-apt.log >&2; die "apt-get install failed (log: /tmp/slurm-setup-apt.log)"; }
+  fi
+  mkdir -p "$LOG_DIR" /var/spool/slurmctld /etc/slurm /run/munge /run/mysqld
+  chown munge:munge /run/munge && chown mysql:mysql /run/mysqld
+}
+
+# 2. munge ----------------------------------------------------------------------------------------
+# One munged for every node: its socket is on the file system all "hosts" share, as a cluster's nodes
+# share the munge key.
+start_munge() {
+  if [ ! -s /etc/munge/munge.key ]; then
+    say "creating the munge key ..."
+    dd if=/dev/urandom of=/etc/munge/munge.key bs=1024 count=1 status=none
+  fi
+  chown munge:munge /etc/munge/munge.key && chmod 400 /etc/munge/munge.key
+  # `munge -n` (not pgrep) is the reliable liveness probe: a stale pid file or socket fools pgrep.
+  if ! munge -n >/dev/null 2>&1; then
+    say "starting munged ..."
+    rm -f /run/munge/munge.socket.2*
+    runuser -u munge -- /usr/sbin/munged --force >>"$LOG_DIR/munged.log" 2>&1
+    wait_for munged 15 /var/log/munge/munged.log munge -n
+  fi
+}
+
+# 3. MariaDB + slurmdbd + the cluster record -------------------------------------------------------
+start_accounting() {
+  if ! mariadb-admin ping >/dev/null 2>&1; then
+    if [ ! -d /var/lib/mysql/mysql ]; then
+      say "initialising the MariaDB data directory ..."
+      mariadb-install-db --user=mysql --datadir=/var/lib/mysql >>"$LOG_DIR/mariadb.log" 2>&1
+    fi
+    say "starting mariadbd ..."
+    spawn "$LOG_DIR/mariadb.log" /usr/sbin/mariadbd --user=mysql --datadir=/var/lib/mysql \
+      --socket=/run/mysqld/mysqld.sock --bind-address=127.0.0.1
+    wait_for mariadbd 60 "$LOG_DIR/mariadb.log" mariadb-admin ping
+  fi
+  # Root logs in over the unix socket; slurmdbd connects over TCP with its own password.
+  mariadb -e "CREATE USER IF NOT EXISTS 'slurm'@'localhost' IDENTIFIED BY '$DB_PASS';
+    GRANT ALL ON slurm_acct_db.* TO 'slurm'@'localhost'; FLUSH PRIVILEGES;"
+  local dbd_conf="# Written by scripts/slurm_lib.sh.
+AuthType=auth/munge
+DbdHost=localhost
+SlurmUser=root
+PidFile=/run/slurmdbd.pid
+LogFile=$LOG_DIR/slurmdbd.log
+StorageType=accounting_storage/mysql
+StorageHost=127.0.0.1
+StoragePort=3306
+StorageUser=slurm
+StoragePass=$DB_PASS
+StorageLoc=slurm_acct_db"
+  write_if_changed /etc/slurm/slurmdbd.conf "$dbd_conf" && stop_pidfile /run/slurmdbd.pid
+  # slurmdbd refuses a config readable by others (it holds the DB password).
+  chmod 600 /etc/slurm/slurmdbd.conf
+  if ! sacctmgr -n show cluster >/dev/null 2>&1; then
+    stop_pidfile /run/slurmdbd.pid
+    say "starting slurmdbd ..."
+    spawn "$LOG_DIR/slurmdbd.log" /usr/sbin/slurmdbd
+    wait_for slurmdbd 60 "$LOG_DIR/slurmdbd.log" sacctmgr -n show cluster
+  fi
+  if ! sacctmgr -n -P show cluster format=cluster | grep -qx "$CLUSTER"; then
+    say "registering cluster '$CLUSTER' in accounting ..."
+    sacctmgr -i add cluster "$CLUSTER" >/dev/null
+  fi
+}
+
+# slurm.conf's lines common to both shapes; $1 = SlurmctldHost value, $2 = SlurmdSpoolDir, $3 = SlurmdPidFile,
+# $4 = slurmd log file.
+# Why these plugins: containers have no cgroups, hence proctrack/linuxproc + task/none.
+slurm_conf_common() {
+  cat <<CONF
+ClusterName=$CLUSTER
+SlurmctldHost=$1
+SlurmUser=root
+SlurmdUser=root
+AuthType=auth/munge
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+MpiDefault=none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_CPU
+SchedulerType=sched/backfill
+ReturnToService=2
+StateSaveLocation=/var/spool/slurmctld
+SlurmdSpoolDir=$2
+SlurmctldPidFile=/run/slurmctld.pid
+SlurmdPidFile=$3
+SlurmctldLogFile=$LOG_DIR/slurmctld.log
+SlurmdLogFile=$4
+SlurmctldTimeout=30
+InactiveLimit=0
+MinJobAge=300
+KillWait=10
+JobRequeue=1
+AccountingStorageType=accounting_storage/slurmdbd
+AccountingStorageHost=localhost
+JobAcctGatherType=jobacct_gather/linux
+JobCompType=jobcomp/none
+CONF
+}
+
+# (Re)starts slurmctld when its config changed ($1 = 1) or it does not answer.
+start_slurmctld() {
+  if [ "$1" -eq 1 ]; then stop_pidfile /run/slurmctld.pid; fi
+  if ! scontrol ping 2>/dev/null | grep -q UP; then
+    stop_pidfile /run/slurmctld.pid
+    say "starting slurmctld ..."
+    spawn "$LOG_DIR/slurmctld.log" /usr/sbin/slurmctld
+    wait_for slurmctld 60 "$LOG_DIR/slurmctld.log" bash -c 'scontrol ping | grep -q UP'
+  fi
+}
+
+# Node $1 back to service if an earlier run left it DOWN/DRAIN, then wait until it is usable.
+node_ready() {
+  local node=$1 log=$2 state
+  state=$(sinfo -h -n "$node" -o %T 2>/dev/null || true)
+  case $state in down*|drain*|fail*) scontrol update NodeName="$node" State=RESUME || true ;; esac
+  # A busy node (jobs still running from an earlier test) also counts as up.
+  wait_for "node $node idle" 60 "$log" \
+    bash -c "sinfo -h -n '$node' -o %T | grep -Eq '^(idle|mixed|allocated|completing)'"
+}
