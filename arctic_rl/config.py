@@ -142,8 +142,9 @@ class ArcticRLClientConfig(Strict):
     # Never serialized (to_json / model_dump leave it out) nor shown by repr: configs travel in command
     # lines, Ray actor arguments, deployment records, checkpoints and MLflow params. The token travels
     # by the ARCTIC_RL_TOKEN environment variable (or `arctic-rl serve --token-file`).
-    auth_token: str | None = Field(None, exclude=True, repr=False,
-                                   description="bearer token; required when host is not loopback")
+    auth_token: str | None = Field(default_factory=lambda: os.environ.get(TOKEN_ENV) or None, exclude=True, repr=False,
+                                   description="bearer token (default: $ARCTIC_RL_TOKEN); required when host is not "
+                                               "loopback")
     ray_address: str | None = Field(None, description="None: RAY_ADDRESS env, else a local Ray")
     seed: int = 0
     job_id: str | None = Field(None, description="set to re-attach to running engines")

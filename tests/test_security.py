@@ -257,3 +257,9 @@ def test_the_loop_and_jobs_checkpoint_dirs_lie_under_the_root(tmp_path, monkeypa
         cc = run.client_config()
         assert checkpoint_path(str((run.checkpoint_dir / "step_1").resolve()), cc)
     assert parse_run_config(base, []).client_config().server.checkpoint_root == str(tmp_path.resolve() / "runs" / "toy")
+
+
+def test_the_token_can_come_from_the_environment(monkeypatch):
+    monkeypatch.setenv("ARCTIC_RL_TOKEN", TOKEN)
+    cfg = ArcticRLClientConfig(model_name=MODEL, comm_protocol="http", host="0.0.0.0")
+    assert cfg.auth_token == TOKEN and TOKEN not in cfg.to_json()

@@ -12,7 +12,7 @@ import httpx
 import pytest
 import torch
 
-from arctic_rl import ArcticRLClientConfig, ConfigError, UnknownNameError, create_arctic_rl_client
+from arctic_rl import ArcticRLClientConfig, BatchFormatError, ConfigError, UnknownNameError, create_arctic_rl_client
 from arctic_rl.config import state_dir
 from arctic_rl.errors import EngineError
 
@@ -117,6 +117,9 @@ def test_plugin_losses_and_post_processors_by_name(served, tmp_path):
         client.log_probs(batch, post_processor="nope")
     with pytest.raises(ConfigError, match=r"sampling_params\['n'\].*\[1, 4\]"):
         client.generate(["hi"], {"n": 5})
+    # A string prompt longer than the window: the request's fault (4xx), found where it is tokenized.
+    with pytest.raises(BatchFormatError, match=r"prompts\[1\] has \d+ tokens.*max_seq_len=256"):
+        client.generate(["hi", "the quick brown fox " * 200], {"max_tokens": 2})
     # An exception inside the engine is an engine error (HTTP 500) with the engine's message.
     with pytest.raises(EngineError, match="bug in plugin_buggy"):
         client.forward_backward(batch, "plugin_buggy")

@@ -15,6 +15,7 @@ import torch
 
 from arctic_rl.config import ArcticRLClientConfig
 from arctic_rl.engines.model import accelerator
+from arctic_rl.errors import BatchFormatError
 
 class SamplingWorker:
     def __init__(self, config_json: str, replica: int):
@@ -65,11 +66,13 @@ class SamplingWorker:
                 "host": socket.gethostname(),
                 "node_id": ray.get_runtime_context().get_node_id(), "gpu_ids": [str(g) for g in ray.get_gpu_ids()]}
 
-    def generate(self, prompts: list, params: dict) -> list[list[dict]]:
-        """One list of n samples per prompt. `prompts` are strings or lists of token ids."""
+    def generate(self, prompts: list, params: dict, first_index: int = 0) -> list[list[dict]]:
+        """One list of n samples per prompt. `prompts` are strings or lists of token ids (the request's
+        prompts from `first_index` on: errors name the request's index)."""
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
+        self._check_prompt_lengths(prompts, first_index)
         sp = dict(params)
         sp["logprobs"] = 0  # the sampled token's log-prob, one float per token
         inputs = [TokensPrompt(prompt_token_ids=p) if isinstance(p, list) else p for p in prompts]
@@ -84,6 +87,22 @@ class SamplingWorker:
                                 "logprobs": lps, "finish_reason": c.finish_reason})
             result.append(samples)
         return result
+
+    def _check_prompt_lengths(self, prompts: list, first_index: int) -> None:
+        """A prompt the model window cannot take is the request's fault (BatchFormatError, 4xx), not an
+        engine failure: vLLM would raise a plain ValueError. String prompts are counted as vLLM
+        tokenizes them."""
+        limit = self.cfg.vllm_config.max_seq_len
+        tok = None
+        for i, p in enumerate(prompts):
+            if isinstance(p, str):
+                tok = tok or self.llm.get_tokenizer()
+                n = len(tok.encode(p))
+            else:
+                n = len(p)
+            if n >= limit:
+                raise BatchFormatError(f"prompts[{first_index + i}] has {n} tokens; the sampler takes fewer than "
+                                       f"vllm_config.max_seq_len={limit}")
 
     def score(self, sequences: list[list[int]], prompt_lens: list[int]) -> list[list[float]]:
         """The sampler's log-probs of given tokens: for each sequence, log p(token) of every token

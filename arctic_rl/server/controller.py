@@ -237,7 +237,7 @@ class Controller:
             # often share a prefix) stay on one replica and its prefix cache.
             k = len(self.samplers)
             bounds = [len(prompts) * i // k for i in range(k + 1)]
-            refs = [(s, self.samplers[i].generate.remote(prompts[s:e], params))
+            refs = [(s, self.samplers[i].generate.remote(prompts[s:e], params, s))
                     for i, (s, e) in enumerate(zip(bounds, bounds[1:])) if e > s]
             outs = self._get([r for _, r in refs], "sampling")
         return [sample for part in outs for group in part for sample in group]
