@@ -11,17 +11,25 @@ import uuid
 from pathlib import Path
 from typing import Any, Literal
 
+from contextvars import ContextVar
+
 from pydantic import Field, ValidationError, field_validator, model_validator
 
 from arctic_rl.errors import ConfigError
 from arctic_rl.strict import Strict, explain
 
 STATE_DIR_ENV = "ARCTIC_RL_STATE_DIR"
+TOKEN_ENV = "ARCTIC_RL_TOKEN"  # how the bearer token travels between processes (never argv, never a file we write)
 
 
 def state_dir() -> Path:
     """Where running deployments record how to reach them (for reconnect_config)."""
     return Path(os.environ.get(STATE_DIR_ENV, Path.home() / ".cache" / "arctic-rl" / "deployments"))
+
+
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+# True while from_json builds a config: serialized configs never hold the token (see auth_token).
+_FROM_JSON: ContextVar[bool] = ContextVar("arctic_rl_config_from_json", default=False)
 
 
 class OptimizerConfig(Strict):
@@ -87,6 +95,35 @@ class ArcticInferenceConfig(Strict):
         return self
 
 
+JOB_DIR_ENV = "ARCTIC_RL_JOB_DIR"  # set by jobs/ for every process of a job
+
+
+class ServerConfig(Strict):
+    """What requests may do on the server (see README, "Security model"). Fixed when the deployment
+    starts: a client that attaches to a running deployment cannot change it."""
+    loss_modules: list[str] = Field(default_factory=list, description=(
+        "modules the server imports at start (controller and training workers); the losses and post-"
+        "processors they register with @register_loss_fn / @register_post_processor can be named in requests"))
+    allow_imports: bool = Field(False, description=(
+        "requests may name a loss or post-processor by dotted path ('pkg.mod:fn'), which imports any module "
+        "the server can import: anyone who may call the server can run code on it. `arctic-rl serve "
+        "--allow-imports` sets it"))
+    checkpoint_root: str | None = Field(None, description=(
+        "save_checkpoint / load_checkpoint take paths under this folder only (relative paths are taken under "
+        "it). None: $ARCTIC_RL_JOB_DIR, else ./runs of the process that starts the deployment"))
+    max_n: int = Field(256, ge=1, description="largest sampling_params['n'] a generate request may ask for")
+    max_tokens: int | None = Field(None, ge=1, description=(
+        "largest sampling_params['max_tokens']; None: vllm_config.max_seq_len"))
+    max_batch_rows: int = Field(16384, ge=1, description=(
+        "most rows in one request: batch rows, generate's prompts x n, sampler_log_probs' sequences"))
+    max_body_bytes: int = Field(1 << 30, ge=1024, description="largest HTTP request body")
+
+    def resolved(self) -> "ServerConfig":
+        """checkpoint_root as an absolute path, its default filled in (run where the deployment starts)."""
+        root = self.checkpoint_root or os.environ.get(JOB_DIR_ENV) or str(Path.cwd() / "runs")
+        return self.model_copy(update={"checkpoint_root": str(Path(root).expanduser().resolve())})
+
+
 class ArcticRLClientConfig(Strict):
     model_name: str = Field(..., min_length=1, description="HF model folder (or hub name, only if you ask for one)")
     comm_protocol: Literal["ray", "http"] = "ray"
@@ -102,7 +139,12 @@ class ArcticRLClientConfig(Strict):
     model_overrides: dict[str, Any] = Field(default_factory=dict)
     host: str = "127.0.0.1"
     port: int = Field(7000, ge=1, le=65535)
-    auth_token: str | None = Field(None, description="bearer token; required when host is not loopback")
+    # Never serialized (to_json / model_dump leave it out) nor shown by repr: configs travel in command
+    # lines, Ray actor arguments, deployment records, checkpoints and MLflow params. The token travels
+    # by the ARCTIC_RL_TOKEN environment variable (or `arctic-rl serve --token-file`).
+    auth_token: str | None = Field(default_factory=lambda: os.environ.get(TOKEN_ENV) or None, exclude=True, repr=False,
+                                   description="bearer token (default: $ARCTIC_RL_TOKEN); required when host is not "
+                                               "loopback")
     ray_address: str | None = Field(None, description="None: RAY_ADDRESS env, else a local Ray")
     seed: int = 0
     job_id: str | None = Field(None, description="set to re-attach to running engines")
@@ -110,6 +152,7 @@ class ArcticRLClientConfig(Strict):
                                       "(an environment with DeepSpeed and vLLM); None = this one. A framework in "
                                       "its own environment (SkyRL: Python 3.12, Ray 2.51) uses http with this")
     request_timeout_s: float = Field(3600.0, gt=0)
+    server: ServerConfig = ServerConfig()
 
     @field_validator("model_name")
     @classmethod
@@ -127,7 +170,10 @@ class ArcticRLClientConfig(Strict):
                                  f"must run the cluster's own Python and Ray versions)")
             if not os.access(Path(self.server_python).expanduser(), os.X_OK):
                 raise ValueError(f"server_python={self.server_python!r} is not an executable file")
-        if self.host not in ("127.0.0.1", "localhost", "::1") and not self.auth_token and self.comm_protocol == "http":
+        # A config read back from JSON never holds the token (it is not serialized); the server checks
+        # the token it was given when it starts (arctic_rl.server.http.main).
+        if (self.host not in LOOPBACK and not self.auth_token and self.comm_protocol == "http"
+                and not _FROM_JSON.get()):
             raise ValueError(f"host={self.host!r} is not loopback: set auth_token to require a bearer token")
         if self.vllm_config.weight_sync == "ipc" and not self.colocate:
             raise ValueError("vllm_config.weight_sync='ipc' shares GPU memory in place: it needs colocate=True "
@@ -153,7 +199,12 @@ class ArcticRLClientConfig(Strict):
 
     @classmethod
     def from_json(cls, s: str) -> "ArcticRLClientConfig":
-        return cls(**json.loads(s))
+        """A config from to_json's output (which holds no auth_token)."""
+        token = _FROM_JSON.set(True)
+        try:
+            return cls(**json.loads(s))
+        finally:
+            _FROM_JSON.reset(token)
 
     @classmethod
     def reconnect_config(cls, job_id: str | None = None) -> "ArcticRLClientConfig":
@@ -173,12 +224,17 @@ class ArcticRLClientConfig(Strict):
 
 
 def record_deployment(cfg: ArcticRLClientConfig) -> None:
-    """Writes <state_dir>/<job_id>.json and latest.json atomically (reconnect_config reads them)."""
+    """Writes <state_dir>/<job_id>.json and latest.json atomically (reconnect_config reads them).
+    Owner-only (folder 0700, files 0600), and without the token (to_json leaves it out): a
+    reconnecting HTTP client takes it from ARCTIC_RL_TOKEN."""
     d = state_dir()
-    d.mkdir(parents=True, exist_ok=True)
+    d.mkdir(mode=0o700, parents=True, exist_ok=True)
     for name in (f"{cfg.job_id}.json", "latest.json"):
         tmp = d / f".{name}.{os.getpid()}.tmp"
-        tmp.write_text(cfg.to_json())
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        os.fchmod(fd, 0o600)  # a stale temp file keeps its old mode through O_CREAT
+        with os.fdopen(fd, "w") as f:
+            f.write(cfg.to_json())
         tmp.replace(d / name)
 
 

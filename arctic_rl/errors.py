@@ -42,9 +42,14 @@ class ProtocolError(ArcticRLError):
     http_status = 400
 
 
+class TooLargeError(ProtocolError):
+    """A request body over the server's limit (server.max_body_bytes)."""
+    http_status = 413
+
+
 class AuthError(ArcticRLError):
     http_status = 401
 
 
 ERRORS = {c.__name__: c for c in (ArcticRLError, ConfigError, BatchFormatError, UnknownNameError, EngineError,
-                                  EngineDeadError, WeightSyncError, ProtocolError, AuthError)}
+                                  EngineDeadError, WeightSyncError, ProtocolError, TooLargeError, AuthError)}

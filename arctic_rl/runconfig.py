@@ -174,9 +174,16 @@ class RunConfig(Strict):
     def client_config(self) -> ArcticRLClientConfig:
         """The backend's config: the backend section plus what the other sections imply."""
         try:
-            return self._client_config(resolve_yarn=True)
+            cfg = self._client_config(resolve_yarn=True)
         except ValueError as e:
             raise ConfigError(str(e)) from None
+        if cfg.server.checkpoint_root is None:
+            # The server this run starts may write checkpoints under the folder that holds checkpoint.dir
+            # (for jobs, checkpoint.dir=<job>/checkpoints: the job's folder), so sibling runs sharing a
+            # deployment, and a resume from one of them, stay inside it.
+            root = self.checkpoint_dir.expanduser().resolve().parent
+            cfg = cfg.model_copy(update={"server": cfg.server.model_copy(update={"checkpoint_root": str(root)})})
+        return cfg
 
     def _client_config(self, resolve_yarn: bool) -> ArcticRLClientConfig:
         data = _deep_copy(self.backend)

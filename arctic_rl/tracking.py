@@ -117,10 +117,17 @@ def default_tracking_uri() -> str:
     return f"sqlite:///{folder / 'mlflow.db'}"
 
 
+# Keys never logged as params (at any depth): run configs may carry the backend's bearer token.
+SECRET_PARAM_KEYS = frozenset({"auth_token"})
+
+
 def flatten_params(params: Mapping[str, Any], sep: str = "/") -> dict[str, str]:
-    """Nested dicts become `a/b/c` keys (verl's convention); values become strings MLflow accepts."""
+    """Nested dicts become `a/b/c` keys (verl's convention); values become strings MLflow accepts.
+    Keys in SECRET_PARAM_KEYS are left out."""
     flat: dict[str, str] = {}
     for key, value in params.items():
+        if key in SECRET_PARAM_KEYS:
+            continue
         if isinstance(value, Mapping):
             for sub_key, sub_value in flatten_params(value, sep).items():
                 flat[f"{key}{sep}{sub_key}"] = sub_value

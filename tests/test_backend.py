@@ -139,6 +139,8 @@ def test_reconnect_from_a_new_driver_process(client):
             "s = c.generate(['hello'], {'n': 2, 'max_tokens': 3})\n"
             "print('JOB', c.config.job_id, len(s))\n")
     env = {**os.environ}
+    if client.config.auth_token:  # the record holds no token: a new driver gets it from the environment
+        env["ARCTIC_RL_TOKEN"] = client.config.auth_token
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
     assert f"JOB {client.config.job_id} 2" in out.stdout, out.stdout + out.stderr[-3000:]
     again = create_arctic_rl_client(client.reconnect_config())

@@ -29,11 +29,12 @@ def fixed_batch() -> dict:
             "response_mask": attn[:, P:].clone(), "uid": [0, 0, 1, 1, 2, 2, 3, 3]}
 
 
-def start(model, zero_stage: int, workers: int):
+def start(model, zero_stage: int, workers: int, checkpoint_root=None):
     return create_arctic_rl_client(ArcticRLClientConfig(
         model_name=str(model), training_gpus=workers, seed=0,
         training_config={"dtype": "float32", "zero_stage": zero_stage, "optimizer": {"lr": 1e-3}, "micro_batch_size": 4},
-        vllm_config={"max_seq_len": 256, "dtype": "float32"}))
+        vllm_config={"max_seq_len": 256, "dtype": "float32"},
+        server={"checkpoint_root": str(checkpoint_root)} if checkpoint_root else {}))
 
 
 def train(client, batch, steps=STEPS) -> list[float]:
@@ -48,10 +49,10 @@ def train(client, batch, steps=STEPS) -> list[float]:
 def reference_run(ray_cluster, tiny_llama, tmp_path_factory):
     """ZeRO-1, one worker: losses, final log-probs, and a checkpoint after step 2 with what step 3 gave."""
     batch = fixed_batch()
-    c = start(tiny_llama, 1, 1)
+    ckpt = tmp_path_factory.mktemp("ckpt") / "step2"
+    c = start(tiny_llama, 1, 1, checkpoint_root=ckpt.parent)  # the server saves under its checkpoint_root only
     try:
         losses = train(c, batch, STEPS - 1)
-        ckpt = tmp_path_factory.mktemp("ckpt") / "step2"
         c.save_checkpoint(str(ckpt))
         lp_at_ckpt = c.log_probs(batch)["log_probs"]
         m3 = c.forward_backward(batch, "sft")
@@ -95,7 +96,7 @@ def test_zero_stage_with_two_workers_matches_one(reference_run, tiny_llama, zero
 
 
 def test_checkpoint_restores_log_probs_and_next_step(reference_run, tiny_llama):
-    c = start(tiny_llama, 1, 1)
+    c = start(tiny_llama, 1, 1, checkpoint_root=reference_run["ckpt"].parent)
     try:
         c.load_checkpoint(str(reference_run["ckpt"]))
         batch = reference_run["batch"]

@@ -35,14 +35,18 @@ class ArcticRLClient:
 
     # -- training -------------------------------------------------------------------------------------------
     def log_probs(self, batch: Batch, reference: bool = False, compute_entropy: bool = False,
-                  temperature: float = 1.0) -> dict[str, torch.Tensor]:
-        """{"log_probs": [B, R], "entropy": [B, R]?} from the trainer (or the reference model)."""
+                  temperature: float = 1.0, post_processor: str = "log_probs") -> dict[str, torch.Tensor]:
+        """{"log_probs": [B, R], "entropy": [B, R]?} from the trainer (or the reference model).
+        `post_processor`: a name in the server's registry (built-ins, or its server.loss_modules)."""
         return self._t.call("log_probs", batch=batch, reference=reference, compute_entropy=compute_entropy,
-                            temperature=temperature)
+                            temperature=temperature, post_processor=post_processor)
 
-    def forward_backward(self, batch: Batch, loss_fn: str = "grpo", loss_config: dict | None = None) -> dict[str, float]:
-        """Accumulates gradients of `loss_fn` over the batch; returns its metrics."""
-        return self._t.call("forward_backward", batch=batch, loss_fn=loss_fn, loss_config=dict(loss_config or {}))
+    def forward_backward(self, batch: Batch, loss_fn: str = "grpo", loss_config: dict | None = None,
+                         post_processor: str = "log_probs") -> dict[str, float]:
+        """Accumulates gradients of `loss_fn` over the batch; returns its metrics. `loss_fn` and
+        `post_processor` are names in the server's registry (built-ins, or its server.loss_modules)."""
+        return self._t.call("forward_backward", batch=batch, loss_fn=loss_fn, loss_config=dict(loss_config or {}),
+                            post_processor=post_processor)
 
     def optimizer_step(self) -> dict[str, float]:
         """Applies the accumulated gradients; returns {"grad_norm", "lr", "step"}."""
@@ -73,7 +77,9 @@ class ArcticRLClient:
 
     def reconnect_config(self) -> ArcticRLClientConfig:
         """A config holding this deployment's job id: `create_arctic_rl_client(it)` re-attaches."""
-        return ArcticRLClientConfig.from_json(self._t.call("reconnect_config"))
+        # The server's config holds no token (it is never serialized): keep this client's.
+        return ArcticRLClientConfig.from_json(self._t.call("reconnect_config")).model_copy(
+            update={"auth_token": self.config.auth_token})
 
     def submit(self, op: Callable, *args, **kwargs) -> Future:
         """Runs `op` (a method of this client) in the background: `client.submit(client.generate, ...)`."""
@@ -82,17 +88,23 @@ class ArcticRLClient:
         return self._pool.submit(op, *args, **kwargs)
 
     def shutdown(self) -> None:
-        """Stops the engines of this deployment."""
+        """Stops the engines of this deployment (and the HTTP server). The only op that stops anything."""
         try:
             self._t.call("shutdown")
         finally:
-            self._t.close()
-            if self._pool:
-                self._pool.shutdown(wait=False)
+            self._t.close(server_stopping=True)
+            self._close_pool()
 
     def close(self) -> None:
-        """Detaches this client; the engines keep running (reconnect with reconnect_config())."""
+        """Detaches this client; the engines and the server keep running, even a server this client
+        started (reconnect with reconnect_config(); stop them with shutdown())."""
         self._t.close()
+        self._close_pool()
+
+    def _close_pool(self) -> None:
+        if self._pool:
+            self._pool.shutdown(wait=False)
+            self._pool = None
 
 
 def create_arctic_rl_client(config: ArcticRLClientConfig) -> ArcticRLClient:

@@ -12,21 +12,52 @@ from pathlib import Path
 import httpx
 
 from arctic_rl import wire
-from arctic_rl.config import ArcticRLClientConfig
+from arctic_rl.config import TOKEN_ENV, ArcticRLClientConfig, state_dir
 from arctic_rl.errors import ERRORS, ArcticRLError, EngineDeadError
+
+
+def _server_log(config: ArcticRLClientConfig) -> Path:
+    d = state_dir()
+    d.mkdir(mode=0o700, parents=True, exist_ok=True)
+    host = "".join(c if c.isalnum() or c in ".-" else "_" for c in config.host)
+    return d / f"server-{host}-{config.port}.log"
+
+
+def _follow(log, proc: subprocess.Popen, deadline: float):
+    """Lines of a log file another process writes, until it exits (then the rest) or the deadline."""
+    pending = ""
+    while True:
+        chunk = log.readline()
+        if chunk:
+            pending += chunk
+            if pending.endswith("\n"):
+                yield pending.rstrip("\n")
+                pending = ""
+            continue
+        if proc.poll() is not None:
+            rest = pending + log.read()
+            yield from rest.splitlines()
+            return
+        if time.time() > deadline:
+            return
+        time.sleep(0.1)
 
 
 class HttpTransport:
     def __init__(self, config: ArcticRLClientConfig):
         self.base = f"http://{config.host}:{config.port}"
-        headers = {"authorization": f"Bearer {config.auth_token}"} if config.auth_token else {}
+        # The token: the config's, else ARCTIC_RL_TOKEN (a config read back from a record or a server
+        # never holds one).
+        self.token = config.auth_token or os.environ.get(TOKEN_ENV) or None
+        headers = {"authorization": f"Bearer {self.token}"} if self.token else {}
         self.http = httpx.Client(base_url=self.base, headers=headers, timeout=config.request_timeout_s)
         self.proc: subprocess.Popen | None = None
         if not self._alive():
             if config.job_id is not None:
                 raise EngineDeadError(f"no arctic-rl server answers at {self.base} (job {config.job_id})")
             self._start_server(config)
-        self.config = ArcticRLClientConfig.from_json(self.call("reconnect_config"))
+        self.config = ArcticRLClientConfig.from_json(self.call("reconnect_config")).model_copy(
+            update={"auth_token": self.token})
 
     def _alive(self) -> bool:
         try:
@@ -37,37 +68,45 @@ class HttpTransport:
     def _start_server(self, config: ArcticRLClientConfig) -> None:
         t0 = time.time()
         print(f"[arctic-rl] starting server on {self.base} ...", file=sys.stderr, flush=True)
-        python, env = sys.executable, None
+        python, env = sys.executable, dict(os.environ)
         if config.server_python:
             # Another environment: never the Ray this process may be a worker of (another Ray version), but the
             # job's own Ray where a launcher gave one (ARCTIC_RL_RAY_ENV, set by jobs.bootstrap), else its own.
             python = str(Path(config.server_python).expanduser())
-            env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_ADDRESS")}
+            env = {k: v for k, v in env.items() if not k.startswith("RAY_ADDRESS")}
             if os.environ.get("ARCTIC_RL_RAY_ENV"):
                 env.update(json.loads(os.environ["ARCTIC_RL_RAY_ENV"]))
-        self.proc = subprocess.Popen([python, "-m", "arctic_rl.server", "serve", "--config", config.to_json()],
-                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
-        assert self.proc.stdout is not None
+        # The token goes by environment (readable by this user only), never in the command line.
+        env.pop(TOKEN_ENV, None)
+        if self.token:
+            env[TOKEN_ENV] = self.token
+        # Output goes to an owner-only log file, not a pipe: the server outlives this process when the
+        # client only detaches (close()), and a pipe would break under it.
+        self.log_path = _server_log(config)
+        fd = os.open(self.log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        os.fchmod(fd, 0o600)
+        try:
+            self.proc = subprocess.Popen([python, "-m", "arctic_rl.server", "serve", "--config", config.to_json()],
+                                         stdin=subprocess.DEVNULL, stdout=fd, stderr=subprocess.STDOUT, env=env)
+        finally:
+            os.close(fd)
         tail: list[str] = []
-        for line in self.proc.stdout:
-            tail = (tail + [line.rstrip()])[-20:]
-            if line.startswith("ARCTIC_RL_ERROR "):
-                name, _, msg = line[len("ARCTIC_RL_ERROR "):].strip().partition(": ")
-                raise ERRORS.get(name, ArcticRLError)(msg)
-            if line.startswith("[arctic-rl] serving"):
-                break
-            if time.time() - t0 > config.request_timeout_s:
-                break
-        while not self._alive():
-            if self.proc.poll() is not None or time.time() - t0 > config.request_timeout_s:
-                if self.proc.poll() is not None:   # it exited: what it said after "serving" is the reason
-                    tail = (tail + self.proc.stdout.read().splitlines())[-20:]
-                raise ArcticRLError("arctic-rl server did not come up; last output:\n" + "\n".join(tail))
-            time.sleep(0.2)
-        # Keep draining its output so the server never blocks on a full pipe.
-        import threading
-        threading.Thread(target=lambda: [None for _ in self.proc.stdout], daemon=True).start()
-        print(f"[arctic-rl] server up in {time.time() - t0:.0f}s", file=sys.stderr, flush=True)
+        with open(self.log_path) as log:
+            for line in _follow(log, self.proc, t0 + config.request_timeout_s):
+                tail = (tail + [line])[-20:]
+                if line.startswith("ARCTIC_RL_ERROR "):
+                    name, _, msg = line[len("ARCTIC_RL_ERROR "):].strip().partition(": ")
+                    raise ERRORS.get(name, ArcticRLError)(msg)
+                if line.startswith("[arctic-rl] serving"):
+                    break
+            while not self._alive():
+                if self.proc.poll() is not None or time.time() - t0 > config.request_timeout_s:
+                    if self.proc.poll() is not None:   # it exited: what it said after "serving" is the reason
+                        tail = (tail + log.read().splitlines())[-20:]
+                    raise ArcticRLError(f"arctic-rl server did not come up (log: {self.log_path}); last output:\n"
+                                        + "\n".join(tail))
+                time.sleep(0.2)
+        print(f"[arctic-rl] server up in {time.time() - t0:.0f}s (log: {self.log_path})", file=sys.stderr, flush=True)
 
     def call(self, op: str, **kwargs):
         try:
@@ -85,9 +124,11 @@ class HttpTransport:
             raise ERRORS.get(err.get("type"), ArcticRLError)(err.get("message", r.text))
         return wire.decode(r.content)
 
-    def close(self) -> None:
+    def close(self, server_stopping: bool = False) -> None:
+        """Closes the connection; never stops the server. After a shutdown (`server_stopping`), waits for
+        a server this transport started to exit, and kills it if it does not within 15 s."""
         self.http.close()
-        if self.proc is not None:
+        if server_stopping and self.proc is not None:
             try:
                 self.proc.wait(timeout=15)
             except subprocess.TimeoutExpired:

@@ -7,7 +7,7 @@ import ray
 
 from arctic_rl.client.launch import run_deploy
 from arctic_rl.config import ArcticRLClientConfig
-from arctic_rl.errors import ArcticRLError, EngineDeadError
+from arctic_rl.errors import ArcticRLError, EngineDeadError, ProtocolError
 
 NAMESPACE = "arctic-rl"  # the server's namespace (kept in sync by a test; the client cannot import it)
 OPS = frozenset({"generate", "sampler_log_probs", "log_probs", "forward_backward", "optimizer_step", "sync_weights",
@@ -42,7 +42,11 @@ class RayTransport:
         if op not in OPS:
             raise ValueError(f"unknown op {op!r}")
         try:
-            return ray.get(getattr(self.handle, op).remote(**kwargs), timeout=self.config.request_timeout_s)
+            ref = getattr(self.handle, op).remote(**kwargs)
+        except TypeError as e:  # Ray checks the arguments against the method's signature
+            raise ProtocolError(f"bad arguments for {op}: {e}") from None
+        try:
+            return ray.get(ref, timeout=self.config.request_timeout_s)
         except ray.exceptions.RayTaskError as e:
             if isinstance(e.cause, ArcticRLError):
                 raise type(e.cause)(str(e.cause)) from None
@@ -54,5 +58,5 @@ class RayTransport:
         except ray.exceptions.GetTimeoutError:
             raise EngineDeadError(f"{op} got no answer within {self.config.request_timeout_s}s") from None
 
-    def close(self) -> None:
-        pass
+    def close(self, server_stopping: bool = False) -> None:
+        pass  # the controller is a detached actor: nothing of it lives in this process

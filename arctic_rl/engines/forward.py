@@ -8,6 +8,8 @@ Legend: B rows, T = P + R columns, R response columns, N selected tokens, H hidd
 """
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 
 from arctic_rl.batch import Batch, position_ids
@@ -26,12 +28,13 @@ def decoder_and_head(model) -> tuple[torch.nn.Module, torch.nn.Module]:
 
 
 def head_post_process(hidden_NH: torch.Tensor, labels_N: torch.Tensor, head: torch.nn.Module,
-                      post_processor: str, pp_config: dict, chunk_tokens: int) -> dict[str, torch.Tensor]:
-    """LM head + post-processor over N tokens in chunks, so [N, V] logits never exist at once.
+                      post_processor: str | Callable, pp_config: dict, chunk_tokens: int) -> dict[str, torch.Tensor]:
+    """LM head + post-processor (a registered name, or the function the caller resolved) over N
+    tokens in chunks, so [N, V] logits never exist at once.
 
     Each chunk is checkpointed: backward recomputes its logits instead of keeping them all.
     """
-    fn = resolve_post_processor(post_processor)
+    fn = post_processor if callable(post_processor) else resolve_post_processor(post_processor)
     parts: dict[str, list[torch.Tensor]] = {}
     N = hidden_NH.shape[0]
     num_chunks = -(-N // chunk_tokens)
@@ -58,7 +61,7 @@ def head_post_process(hidden_NH: torch.Tensor, labels_N: torch.Tensor, head: tor
     return {k: torch.cat(v) for k, v in parts.items()}
 
 
-def naive_log_probs(model, batch: Batch, *, post_processor: str = "log_probs", pp_config: dict | None = None,
+def naive_log_probs(model, batch: Batch, *, post_processor: str | Callable = "log_probs", pp_config: dict | None = None,
                     chunk_tokens: int = DEFAULT_CHUNK_TOKENS) -> dict[str, torch.Tensor]:
     """{"log_probs": [B, R], "entropy": [B, R]?}; zeros where the response is padding."""
     pp_config = pp_config or {}

@@ -15,29 +15,7 @@ import torch
 
 from arctic_rl.config import ArcticRLClientConfig
 from arctic_rl.engines.model import accelerator
-
-# vLLM's SamplingParams names we accept; anything else is an error naming the key.
-SAMPLING_KEYS = {"n", "max_tokens", "min_tokens", "temperature", "top_p", "top_k", "min_p", "stop",
-                 "stop_token_ids", "seed", "logprobs", "presence_penalty", "frequency_penalty",
-                 "repetition_penalty", "ignore_eos", "include_stop_str_in_output", "skip_special_tokens"}
-
-
-def check_sampling_params(params: dict) -> dict:
-    """Validates the user's sampling params (vLLM names); raises ValueError naming the key."""
-    if not isinstance(params, dict):
-        raise ValueError(f"sampling_params must be a dict, got {type(params).__name__}")
-    unknown = sorted(set(params) - SAMPLING_KEYS)
-    if unknown:
-        raise ValueError(f"unknown sampling_params key(s) {unknown}; known: {sorted(SAMPLING_KEYS)}")
-    for key, lo in (("n", 1), ("max_tokens", 1)):
-        if key in params and (not isinstance(params[key], int) or params[key] < lo):
-            raise ValueError(f"sampling_params[{key!r}] must be an int >= {lo}, got {params[key]!r}")
-    if "temperature" in params and (not isinstance(params["temperature"], (int, float)) or params["temperature"] < 0):
-        raise ValueError(f"sampling_params['temperature'] must be >= 0, got {params['temperature']!r}")
-    if "top_p" in params and not (isinstance(params["top_p"], (int, float)) and 0 < params["top_p"] <= 1):
-        raise ValueError(f"sampling_params['top_p'] must be in (0, 1], got {params['top_p']!r}")
-    return params
-
+from arctic_rl.errors import BatchFormatError
 
 class SamplingWorker:
     def __init__(self, config_json: str, replica: int):
@@ -88,11 +66,13 @@ class SamplingWorker:
                 "host": socket.gethostname(),
                 "node_id": ray.get_runtime_context().get_node_id(), "gpu_ids": [str(g) for g in ray.get_gpu_ids()]}
 
-    def generate(self, prompts: list, params: dict) -> list[list[dict]]:
-        """One list of n samples per prompt. `prompts` are strings or lists of token ids."""
+    def generate(self, prompts: list, params: dict, first_index: int = 0) -> list[list[dict]]:
+        """One list of n samples per prompt. `prompts` are strings or lists of token ids (the request's
+        prompts from `first_index` on: errors name the request's index)."""
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
+        self._check_prompt_lengths(prompts, first_index)
         sp = dict(params)
         sp["logprobs"] = 0  # the sampled token's log-prob, one float per token
         inputs = [TokensPrompt(prompt_token_ids=p) if isinstance(p, list) else p for p in prompts]
@@ -107,6 +87,22 @@ class SamplingWorker:
                                 "logprobs": lps, "finish_reason": c.finish_reason})
             result.append(samples)
         return result
+
+    def _check_prompt_lengths(self, prompts: list, first_index: int) -> None:
+        """A prompt the model window cannot take is the request's fault (BatchFormatError, 4xx), not an
+        engine failure: vLLM would raise a plain ValueError. String prompts are counted as vLLM
+        tokenizes them."""
+        limit = self.cfg.vllm_config.max_seq_len
+        tok = None
+        for i, p in enumerate(prompts):
+            if isinstance(p, str):
+                tok = tok or self.llm.get_tokenizer()
+                n = len(tok.encode(p))
+            else:
+                n = len(p)
+            if n >= limit:
+                raise BatchFormatError(f"prompts[{first_index + i}] has {n} tokens; the sampler takes fewer than "
+                                       f"vllm_config.max_seq_len={limit}")
 
     def score(self, sequences: list[list[int]], prompt_lens: list[int]) -> list[list[float]]:
         """The sampler's log-probs of given tokens: for each sequence, log p(token) of every token

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import os
+import pickle
 import socket
 import time
 from typing import Any
@@ -22,8 +23,9 @@ import torch
 from arctic_rl.batch import Batch
 from arctic_rl.config import ArcticRLClientConfig
 from arctic_rl.engines.forward import response_log_probs
+from arctic_rl.errors import ConfigError
 from arctic_rl.engines.model import accelerator, load_hf_model
-from arctic_rl.losses import resolve_loss_fn
+from arctic_rl.losses import load_loss_modules, resolve_loss_fn, resolve_post_processor
 
 MicroBatch = Batch | None
 
@@ -47,6 +49,33 @@ def _lr_lambda(sched, total_default: int = 0):
     return f
 
 
+def weights_only_loads(engine) -> None:
+    """Make `engine` (a DeepSpeedEngine) load checkpoint files with torch.load(weights_only=True).
+
+    DeepSpeed's TorchCheckpointEngine unpickles with weights_only=False, and unpickling an arbitrary
+    object runs code: a crafted file under the checkpoint root would run in the trainer. Every file
+    DeepSpeed's load_checkpoint reads goes through `engine.checkpoint_engine.load` (model states via
+    its SDLoader, optimizer and ZeRO states directly), so that one method is replaced. Besides tensors
+    and plain containers, the files of ZeRO-1/2/3 checkpoints hold three DeepSpeed data classes (only
+    their fields are restored, no code runs); any other object makes the load fail with ConfigError.
+    """
+    from deepspeed.runtime.fp16.loss_scaler import LossScaler
+    from deepspeed.runtime.zero.config import ZeroStageEnum
+    from deepspeed.utils.tensor_fragment import fragment_address
+
+    allowed = [LossScaler, ZeroStageEnum, fragment_address]
+
+    def load(path, map_location=None):
+        try:
+            with torch.serialization.safe_globals(allowed):
+                return torch.load(path, map_location=map_location, weights_only=True)
+        except pickle.UnpicklingError as e:
+            why = next((ln.strip() for ln in str(e).splitlines() if "Unsupported" in ln), str(e).splitlines()[0])
+            raise ConfigError(f"refused to load {path}: it holds more than tensors and plain data ({why[:300]})") from None
+
+    engine.checkpoint_engine.load = load
+
+
 class LogProbModel(torch.nn.Module):
     """The HF model behind a forward that returns per-token log-probs. DeepSpeed wraps *this*, so every
     pass goes through DeepSpeedEngine.forward, which ZeRO-3 needs to hook the backward."""
@@ -55,8 +84,9 @@ class LogProbModel(torch.nn.Module):
         super().__init__()
         self.model, self.zorro, self.chunk_tokens = model, zorro, chunk_tokens
 
-    def forward(self, mb: Batch, pp_config: dict) -> dict[str, torch.Tensor]:
-        return response_log_probs(self.model, mb, zorro=self.zorro, pp_config=pp_config, chunk_tokens=self.chunk_tokens)
+    def forward(self, mb: Batch, pp_config: dict, post_processor="log_probs") -> dict[str, torch.Tensor]:
+        return response_log_probs(self.model, mb, zorro=self.zorro, pp_config=pp_config, chunk_tokens=self.chunk_tokens,
+                                  post_processor=post_processor)
 
 
 class TrainingWorker:
@@ -66,6 +96,7 @@ class TrainingWorker:
         self.cfg = ArcticRLClientConfig.from_json(config_json)
         self.rank, self.world_size, self.trainable = rank, world_size, trainable
         self.engine = None
+        load_loss_modules(self.cfg.server.loss_modules)  # the names requests may use, as in the controller
 
     def rendezvous(self) -> tuple[str, int]:
         """Rank 0 only: this node's IP and a port free on it. Ranks may sit on other nodes, so the
@@ -112,6 +143,7 @@ class TrainingWorker:
                 return
             ds_config["zero_optimization"]["stage"] = 3
             self.engine, *_ = deepspeed.initialize(model=model, config=ds_config)
+            weights_only_loads(self.engine)
             self.module = self.engine.module
             return
         oc = tc.optimizer
@@ -123,6 +155,7 @@ class TrainingWorker:
         sched = torch.optim.lr_scheduler.LambdaLR(opt, _lr_lambda(tc.lr_scheduler))
         self.engine, self.optimizer, _, self.scheduler = deepspeed.initialize(
             model=model, optimizer=opt, lr_scheduler=sched, config=ds_config)
+        weights_only_loads(self.engine)
         self.module = self.engine.module
         self._pending_backward = False
 
@@ -133,12 +166,17 @@ class TrainingWorker:
                 "host": socket.gethostname(),
                 "node_id": ray.get_runtime_context().get_node_id(), "gpu_ids": [str(g) for g in ray.get_gpu_ids()]}
 
+    def vocab_size(self) -> int:
+        """Rows of the input embedding: token ids a batch may hold are below this."""
+        return int(self.module.model.get_input_embeddings().num_embeddings)
+
     def _to_device(self, mb: Batch) -> Batch:
         dev = self.engine.device if self.engine is not None else accelerator()
         return {k: v.to(dev) if isinstance(v, torch.Tensor) else v for k, v in mb.items()}
 
-    def _forward(self, mb: Batch, pp_config: dict) -> dict[str, torch.Tensor]:
-        return (self.engine if self.engine is not None else self.module)(mb, pp_config)
+    def _forward(self, mb: Batch, pp_config: dict, post_processor: str = "log_probs") -> dict[str, torch.Tensor]:
+        pp = resolve_post_processor(post_processor, self.cfg.server.allow_imports)
+        return (self.engine if self.engine is not None else self.module)(mb, pp_config, pp)
 
     def _dummy_forward(self) -> torch.Tensor:
         """A zero-valued pass through the same code path as a real micro-batch (1 prompt + 1 response
@@ -149,7 +187,8 @@ class TrainingWorker:
         return self._forward(mb, {})["log_probs"].sum() * 0.0
 
     @torch.no_grad()
-    def log_probs(self, micro_batches: list[MicroBatch], pp_config: dict) -> list[dict[str, torch.Tensor] | None]:
+    def log_probs(self, micro_batches: list[MicroBatch], pp_config: dict,
+                  post_processor: str = "log_probs") -> list[dict[str, torch.Tensor] | None]:
         self.module.eval()
         out: list[dict[str, torch.Tensor] | None] = []
         for mb in micro_batches:
@@ -157,13 +196,15 @@ class TrainingWorker:
                 self._dummy_forward()
                 out.append(None)
             else:
-                out.append({k: v.float().cpu() for k, v in self._forward(self._to_device(mb), pp_config).items()})
+                out.append({k: v.float().cpu()
+                            for k, v in self._forward(self._to_device(mb), pp_config, post_processor).items()})
         return out
 
-    def forward_backward(self, micro_batches: list[MicroBatch], loss_fn: str, loss_config: dict) -> list[dict]:
+    def forward_backward(self, micro_batches: list[MicroBatch], loss_fn: str, loss_config: dict,
+                         post_processor: str = "log_probs") -> list[dict]:
         """One metrics dict per real micro-batch (the controller reduces them over all ranks)."""
         assert self.trainable, "forward_backward on a frozen worker"
-        fn = resolve_loss_fn(loss_fn)
+        fn = resolve_loss_fn(loss_fn, self.cfg.server.allow_imports)
         self.module.train()
         pp_config = {"temperature": loss_config.get("temperature", 1.0),
                      "compute_entropy": bool(loss_config.get("compute_entropy", True))}
@@ -174,7 +215,7 @@ class TrainingWorker:
                 loss = self._dummy_forward()
             else:
                 mb = self._to_device(mb)
-                loss, metrics = fn(self._forward(mb, pp_config), mb, loss_config)
+                loss, metrics = fn(self._forward(mb, pp_config, post_processor), mb, loss_config)
                 per_mb.append({**{k: float(v) for k, v in metrics.items()}, "loss": float(loss.detach())})
             # DeepSpeed averages gradients over ranks; our losses are normalized over the global
             # batch already, so undo the average to get the sum.

@@ -10,13 +10,18 @@ A post-processor turns a chunk of logits into per-token outputs: `fn(logits_NV, 
 -> {"log_probs": [N], "entropy": [N]?}`; it runs chunk by chunk so [tokens, vocab] logits are
 never held for the whole batch.
 
-Names resolve through the registry or as a dotted path (`pkg.module:fn` or `pkg.module.fn`).
-This module imports only torch, so losses test on plain tensors.
+Names resolve through the registry. A dotted path (`pkg.module:fn` or `pkg.module.fn`) resolves
+only with `allow_imports=True`: importing a module runs its code, so the server allows it only when
+started with `--allow-imports`. The supported way to add a loss to a server is a plugin module listed
+in its config (`server.loss_modules`), imported at start by `load_loss_modules`.
+This module imports nothing heavy (its losses only torch), so losses test on plain tensors.
 """
 from __future__ import annotations
 
 import importlib
 from typing import Callable
+
+from arctic_rl.errors import ConfigError, UnknownNameError
 
 LOSS_FNS: dict[str, Callable] = {}
 POST_PROCESSORS: dict[str, Callable] = {}
@@ -36,30 +41,43 @@ def register_post_processor(name: str):
     return deco
 
 
-def _resolve(name: str, table: dict[str, Callable], what: str) -> Callable:
+def _resolve(name: str, table: dict[str, Callable], what: str, allow_imports: bool) -> Callable:
     _load_builtins()
     if not isinstance(name, str) or not name:
-        raise ValueError(f"{what} must be a non-empty string, got {name!r}")
+        raise UnknownNameError(f"{what} must be a non-empty string, got {name!r}; known: {sorted(table)}")
     if name in table:
         return table[name]
-    if "." in name or ":" in name:
+    dotted = "." in name or ":" in name
+    if dotted and allow_imports:
         mod_name, _, attr = name.replace(":", ".").rpartition(".")
         try:
             fn = getattr(importlib.import_module(mod_name), attr)
         except (ImportError, AttributeError) as e:
-            raise ValueError(f"{what} {name!r}: cannot import it ({e})") from e
+            raise UnknownNameError(f"{what} {name!r}: cannot import it ({e})") from None
         if not callable(fn):
-            raise ValueError(f"{what} {name!r} is not callable")
+            raise UnknownNameError(f"{what} {name!r} is not callable")
         return fn
-    raise ValueError(f"unknown {what} {name!r}; known: {sorted(table)} (or a dotted path to a function)")
+    hint = (" (dotted paths are refused: the server was not started with --allow-imports; list your module "
+            "in the server config's loss_modules instead)" if dotted else "")
+    raise UnknownNameError(f"unknown {what} {name!r}; known: {sorted(table)}{hint}")
 
 
-def resolve_loss_fn(name: str) -> Callable:
-    return _resolve(name, LOSS_FNS, "loss_fn")
+def resolve_loss_fn(name: str, allow_imports: bool = False) -> Callable:
+    return _resolve(name, LOSS_FNS, "loss_fn", allow_imports)
 
 
-def resolve_post_processor(name: str) -> Callable:
-    return _resolve(name, POST_PROCESSORS, "post_processor")
+def resolve_post_processor(name: str, allow_imports: bool = False) -> Callable:
+    return _resolve(name, POST_PROCESSORS, "post_processor", allow_imports)
+
+
+def load_loss_modules(modules: list[str]) -> None:
+    """Imports the server's plugin modules (their @register_* decorators fill the registries)."""
+    _load_builtins()
+    for mod in modules:
+        try:
+            importlib.import_module(mod)
+        except Exception as e:  # any error while importing a plugin fails the deployment, naming it
+            raise ConfigError(f"server.loss_modules: cannot import {mod!r}: {type(e).__name__}: {e}") from None
 
 
 _loaded = False

@@ -19,11 +19,10 @@ import torch
 
 from arctic_rl.batch import LOG_PROBS_KEYS, TRAIN_KEYS, Batch, select_rows, split_micro_batches, validate_batch
 from arctic_rl.config import ArcticRLClientConfig, forget_deployment
-from arctic_rl.errors import (ArcticRLError, BatchFormatError, ConfigError, EngineDeadError, EngineError,
-                              UnknownNameError, WeightSyncError)
+from arctic_rl.errors import ArcticRLError, ConfigError, EngineDeadError, EngineError, WeightSyncError
+from arctic_rl.losses import load_loss_modules, resolve_loss_fn
 from arctic_rl.server import placement
-
-ENGINES = ("training", "log_prob", "sampling")
+from arctic_rl.server.requests import ENGINES, check_request, checkpoint_path
 NAMESPACE = "arctic-rl"
 PING_TIMEOUT_S = 10.0
 # fused vLLM parameter -> the HF parameters it concatenates (sums of squares add up)
@@ -127,6 +126,7 @@ class Controller:
 
         self.cfg = ArcticRLClientConfig.from_json(config_json)
         cfg = self.cfg
+        load_loss_modules(cfg.server.loss_modules)  # before any engine starts: a bad plugin fails fast
         self.job_id = cfg.job_id
         self.locks = {e: threading.Lock() for e in ENGINES}
         self.step = 0
@@ -164,6 +164,8 @@ class Controller:
                 raise ConfigError(f"vllm_config.weight_sync={cfg.vllm_config.weight_sync!r} needs GPUs; use 'reload' on CPU")
             port, workers = self._get(self.trainers[0].rendezvous.remote(), "training")[1], cfg.sampling_gpus
             self._get([t.nccl_connect.remote(self.samplers, port, workers) for t in self.trainers], "training", timeout=None)
+        # Token ids a request may carry: below the model's embedding rows.
+        self.vocab = self._get(self.trainers[0].vocab_size.remote(), "training")
         # The trainer/sampler log-prob gap with equal weights: the noise floor sync checks against.
         self._probe_baseline = self._probe_diff()[1]
 
@@ -179,8 +181,8 @@ class Controller:
             cause = e.cause
             if isinstance(cause, ArcticRLError):
                 raise type(cause)(str(cause)) from None
-            if isinstance(cause, (ValueError, KeyError, TypeError)):
-                raise BatchFormatError(f"{engine} engine rejected the request: {type(cause).__name__}: {cause}") from None
+            # Requests are checked before they reach an engine (server/requests.py), so anything else an
+            # engine raises is an engine failure, reported with its own message.
             tail = "".join(traceback.format_exception_only(type(cause), cause)).strip() if cause else str(e)
             raise EngineError(f"{engine} engine failed: {tail}") from None
 
@@ -211,38 +213,33 @@ class Controller:
     def config_json(self) -> str:
         return self.cfg.to_json()
 
+    def _check(self, op: str, **args) -> None:
+        check_request(op, args, self.cfg, self.vocab)
+
     def generate(self, prompts: list, sampling_params: dict) -> list[dict]:
-        from arctic_rl.engines.sampling import check_sampling_params
-        if not isinstance(prompts, list) or not prompts:
-            raise BatchFormatError(f"prompts must be a non-empty list of strings or token-id lists, got {type(prompts).__name__}")
-        for i, p in enumerate(prompts):
-            if not (isinstance(p, str) and p) and not (isinstance(p, list) and p and all(isinstance(t, int) for t in p)):
-                raise BatchFormatError(f"prompts[{i}] must be a non-empty string or list of ints, got {p!r:.80}")
-        try:
-            params = check_sampling_params(dict(sampling_params or {}))
-        except ValueError as e:
-            raise ConfigError(str(e)) from None
+        self._check("generate", prompts=prompts, sampling_params=sampling_params)
+        params = dict(sampling_params or {})
         with self._locked("sampling"):
             # Router: contiguous slices, so all n samples of a prompt (and neighbouring prompts that
             # often share a prefix) stay on one replica and its prefix cache.
             k = len(self.samplers)
             bounds = [len(prompts) * i // k for i in range(k + 1)]
-            refs = [(s, self.samplers[i].generate.remote(prompts[s:e], params))
+            refs = [(s, self.samplers[i].generate.remote(prompts[s:e], params, s))
                     for i, (s, e) in enumerate(zip(bounds, bounds[1:])) if e > s]
             outs = self._get([r for _, r in refs], "sampling")
         return [sample for part in outs for group in part for sample in group]
 
     def log_probs(self, batch: Batch, reference: bool = False, compute_entropy: bool = False,
-                  temperature: float = 1.0) -> dict[str, torch.Tensor]:
+                  temperature: float = 1.0, post_processor: str = "log_probs") -> dict[str, torch.Tensor]:
+        self._check("log_probs", batch=batch, reference=reference, compute_entropy=compute_entropy,
+                    temperature=temperature, post_processor=post_processor)
         B, P, R = validate_batch(batch, LOG_PROBS_KEYS)
-        if temperature <= 0:
-            raise ConfigError(f"temperature must be > 0, got {temperature!r}")
         engine = "log_prob" if reference else "training"
         actors = self.ref if reference else self.trainers
         per_rank, rows = self._deal(batch, len(actors), self.cfg.training_config.micro_batch_size)
         pp = {"compute_entropy": compute_entropy, "temperature": temperature}
         with self._locked(engine):
-            outs = self._get([a.log_probs.remote(mbs, pp) for a, mbs in zip(actors, per_rank)], engine)
+            outs = self._get([a.log_probs.remote(mbs, pp, post_processor) for a, mbs in zip(actors, per_rank)], engine)
         keys = ["log_probs"] + (["entropy"] if compute_entropy else [])
         result = {k: torch.zeros(B, R) for k in keys}
         for rank_out, rank_rows in zip(outs, rows):
@@ -251,12 +248,10 @@ class Controller:
                     result[k][torch.tensor(r)] = mb_out[k]
         return result
 
-    def forward_backward(self, batch: Batch, loss_fn: str = "grpo", loss_config: dict | None = None) -> dict[str, float]:
-        from arctic_rl.losses import resolve_loss_fn
-        try:
-            resolve_loss_fn(loss_fn)
-        except ValueError as e:
-            raise UnknownNameError(str(e)) from None
+    def forward_backward(self, batch: Batch, loss_fn: str = "grpo", loss_config: dict | None = None,
+                         post_processor: str = "log_probs") -> dict[str, float]:
+        self._check("forward_backward", batch=batch, loss_fn=loss_fn, loss_config=loss_config,
+                    post_processor=post_processor)
         B, P, R = validate_batch(batch, TRAIN_KEYS)
         cfg = dict(loss_config or {})
         mask = batch["response_mask"]
@@ -268,20 +263,19 @@ class Controller:
         per_rank, _ = self._deal(batch, len(self.trainers), self.cfg.training_config.micro_batch_size)
         t0 = time.time()
         with self._locked("training"):
-            outs = self._get([a.forward_backward.remote(mbs, loss_fn, cfg) for a, mbs in zip(self.trainers, per_rank)],
-                             "training")
+            outs = self._get([a.forward_backward.remote(mbs, loss_fn, cfg, post_processor)
+                              for a, mbs in zip(self.trainers, per_rank)], "training")
         metrics = _reduce_metrics([m for rank in outs for m in rank])
         metrics["timing/forward_backward_s"] = time.time() - t0
         metrics["num_tokens"] = float(mask.sum())
         return metrics
 
     def _dry_run_loss(self, loss_fn: str, batch: Batch, cfg: dict) -> None:
-        from arctic_rl.losses import resolve_loss_fn
         B, P, R = batch["input_ids"].shape[0], 0, batch["responses"].shape[1]
         one = select_rows(batch, [0])
         outputs = {"log_probs": torch.zeros(1, R), "entropy": torch.zeros(1, R)}
         try:
-            resolve_loss_fn(loss_fn)(outputs, one, cfg)
+            resolve_loss_fn(loss_fn, self.cfg.server.allow_imports)(outputs, one, cfg)
         except (ValueError, KeyError, TypeError) as e:
             raise ConfigError(f"loss {loss_fn!r} rejected the request: {e}") from None
 
@@ -346,8 +340,7 @@ class Controller:
 
     def sampler_log_probs(self, sequences: list[list[int]], prompt_lens: list[int]) -> list[list[float]]:
         """The sampler's log-probs of given tokens (checks, and vLLM-side log-prob engines)."""
-        if len(sequences) != len(prompt_lens):
-            raise BatchFormatError(f"sequences ({len(sequences)}) and prompt_lens ({len(prompt_lens)}) differ in length")
+        self._check("sampler_log_probs", sequences=sequences, prompt_lens=prompt_lens)
         with self._locked("sampling"):
             return self._get(self.samplers[0].score.remote(sequences, prompt_lens), "sampling")
 
@@ -367,8 +360,7 @@ class Controller:
         return self._sleep_wake(engine, False)
 
     def _sleep_wake(self, engine: str, sleep: bool) -> dict:
-        if engine not in ENGINES:
-            raise UnknownNameError(f"unknown engine {engine!r}; known: {list(ENGINES)}")
+        self._check("sleep", engine=engine)
         with self.locks[engine]:
             if engine == "sampling":
                 self._get([s.sleep.remote() if sleep else s.wake.remote() for s in self.samplers], engine)
@@ -376,7 +368,7 @@ class Controller:
         return {"engine": engine, "asleep": sleep}
 
     def save_checkpoint(self, path: str) -> dict:
-        path = str(Path(path).expanduser().resolve())
+        path = str(checkpoint_path(path, self.cfg))  # under server.checkpoint_root only
         Path(path).mkdir(parents=True, exist_ok=True)
         with self._locked("training"):
             self._get([a.save_checkpoint.remote(path) for a in self.trainers], "training")
@@ -387,14 +379,17 @@ class Controller:
         return {"path": path, "step": self.step}
 
     def load_checkpoint(self, path: str) -> dict:
-        path = str(Path(path).expanduser().resolve())
+        path = str(checkpoint_path(path, self.cfg))  # under server.checkpoint_root only
         meta_path = Path(path) / "arctic_rl.json"
-        if not meta_path.exists():
+        if not meta_path.is_file():
             raise ConfigError(f"not an arctic-rl checkpoint: {meta_path} does not exist")
-        meta = json.loads(meta_path.read_text())
+        try:
+            step = int(json.loads(meta_path.read_text())["step"])
+        except (ValueError, KeyError, TypeError) as e:
+            raise ConfigError(f"{meta_path}: not a valid arctic-rl checkpoint record ({type(e).__name__}: {e})") from None
         with self._locked("training"):
             self._get([a.load_checkpoint.remote(path) for a in self.trainers], "training")
-        self.step = int(meta["step"])
+        self.step = step
         return {"path": path, "step": self.step}
 
     def health(self) -> dict:

@@ -28,8 +28,11 @@ def deploy(cfg: ArcticRLClientConfig) -> tuple[ArcticRLClientConfig, "ray.actor.
             handle = ray.get_actor(controller_name(cfg.job_id), namespace=NAMESPACE)
         except ValueError:
             raise EngineDeadError(f"no running deployment with job_id {cfg.job_id!r} on Ray cluster {address}") from None
-        return cfg, handle
-    cfg = cfg.with_new_job_id().model_copy(update={"ray_address": address})
+        # The running deployment's own config (its server rules), reached the way this caller asked.
+        running = ArcticRLClientConfig.from_json(ray.get(handle.config_json.remote()))
+        return running.model_copy(update={"host": cfg.host, "port": cfg.port, "auth_token": cfg.auth_token}), handle
+    # checkpoint_root's default is resolved here, where the deployment is started (job dir or ./runs).
+    cfg = cfg.with_new_job_id().model_copy(update={"ray_address": address, "server": cfg.server.resolved()})
     t0 = time.time()
     handle = ray.remote(Controller).options(
         name=controller_name(cfg.job_id), namespace=NAMESPACE, lifetime="detached", max_concurrency=16,

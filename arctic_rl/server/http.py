@@ -2,8 +2,10 @@
 message (arctic_rl.wire: JSON tree + safetensors; never pickle) holding the op's keyword arguments;
 the answer is a wire message, or JSON {"type", "message"} with a 4xx/5xx status.
 
-Binds to loopback by default; any other host requires a bearer token. Bodies are size-capped and
-parsed defensively: a malformed request gets a 4xx and the server stays healthy.
+Binds to loopback by default; any other host requires a bearer token (from ARCTIC_RL_TOKEN or
+--token-file, never the command line). Bodies are size-capped (server.max_body_bytes) and parsed
+defensively; every request's arguments are checked (arctic_rl.server.requests) before the controller
+sees them: a malformed request gets a 4xx naming the argument and the server stays healthy.
 """
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ import os
 import socket
 import sys
 import threading
+from pathlib import Path
 
 import ray
 from fastapi import FastAPI, Request
@@ -22,12 +25,14 @@ from fastapi.responses import JSONResponse, Response
 from starlette.concurrency import run_in_threadpool
 
 from arctic_rl import wire
-from arctic_rl.config import ArcticRLClientConfig
-from arctic_rl.errors import ERRORS, ArcticRLError, AuthError, EngineDeadError, EngineError, ProtocolError
+from arctic_rl.config import TOKEN_ENV, ArcticRLClientConfig
+from arctic_rl.errors import (ERRORS, ArcticRLError, AuthError, ConfigError, EngineDeadError, EngineError, ProtocolError,
+                              TooLargeError)
+from arctic_rl.losses import load_loss_modules
 from arctic_rl.server.controller import Controller
 from arctic_rl.server.deploy import deploy
+from arctic_rl.server.requests import check_request
 
-MAX_BODY_BYTES = int(os.environ.get("ARCTIC_RL_MAX_BODY_BYTES", 1 << 30))
 OPS = {name: inspect.signature(getattr(Controller, name)) for name in (
     "generate", "sampler_log_probs", "log_probs", "forward_backward", "optimizer_step", "sync_weights",
     "update_reference", "sleep", "wake", "save_checkpoint", "load_checkpoint", "health", "reconnect_config",
@@ -41,8 +46,12 @@ def _error(e: ArcticRLError) -> JSONResponse:
 
 
 def build_app(handle, cfg: ArcticRLClientConfig, on_shutdown=lambda: None) -> FastAPI:
+    """The app in front of the controller `handle`; `cfg` is the deployment's config (its server
+    section sets the limits and what names and paths requests may use)."""
+    load_loss_modules(cfg.server.loss_modules)  # the names its checks accept are the controller's
     app = FastAPI(title="arctic-rl", version="0.1.0")
     token = cfg.auth_token
+    max_body = cfg.server.max_body_bytes
 
     def check_auth(request: Request) -> None:
         if token is None:
@@ -53,13 +62,17 @@ def build_app(handle, cfg: ArcticRLClientConfig, on_shutdown=lambda: None) -> Fa
 
     async def read_body(request: Request) -> dict:
         declared = request.headers.get("content-length")
-        if declared is not None and (not declared.isdigit() or int(declared) > MAX_BODY_BYTES):
-            raise ProtocolError(f"request body of {declared} bytes exceeds the limit of {MAX_BODY_BYTES}")
+        if declared is not None and not declared.isdigit():
+            raise ProtocolError(f"bad content-length header {declared[:40]!r}")
+        if declared is not None and int(declared) > max_body:
+            raise TooLargeError(f"request body of {declared} bytes exceeds the server's limit of {max_body} "
+                                f"(server.max_body_bytes)")
         body = bytearray()
-        async for chunk in request.stream():
+        async for chunk in request.stream():  # the header may lie (or be absent): count what arrives
             body += chunk
-            if len(body) > MAX_BODY_BYTES:
-                raise ProtocolError(f"request body exceeds the limit of {MAX_BODY_BYTES} bytes")
+            if len(body) > max_body:
+                raise TooLargeError(f"request body exceeds the server's limit of {max_body} bytes "
+                                    f"(server.max_body_bytes)")
         if not body:
             return {}
         kwargs = wire.decode(bytes(body))
@@ -87,6 +100,8 @@ def build_app(handle, cfg: ArcticRLClientConfig, on_shutdown=lambda: None) -> Fa
                 OPS[op].bind(None, **kwargs)
             except TypeError as e:
                 raise ProtocolError(f"bad arguments for {op}: {e}") from None
+            # Checked here too (the controller checks again): a bad request never reaches Ray.
+            await run_in_threadpool(check_request, op, kwargs, cfg)
             result = await run_in_threadpool(_call_controller, handle, op, kwargs)
             if op == "shutdown":
                 threading.Timer(0.5, on_shutdown).start()
@@ -110,20 +125,52 @@ def _call_controller(handle, op: str, kwargs: dict):
         raise EngineDeadError(f"the controller is gone: {str(e).splitlines()[0]}") from None
 
 
+def _read_token(token_file: str | None) -> str | None:
+    """The token from --token-file or ARCTIC_RL_TOKEN. The variable is then removed from this
+    process's environment, so the Ray workers it may start do not inherit it."""
+    env_token = os.environ.pop(TOKEN_ENV, None) or None
+    if token_file is None:
+        return env_token
+    path = Path(token_file).expanduser()
+    try:
+        mode = path.stat().st_mode
+        token = path.read_text().strip()
+    except OSError as e:
+        raise ConfigError(f"--token-file {token_file!r}: cannot read it ({e.strerror})") from None
+    if mode & 0o077:
+        raise ConfigError(f"--token-file {token_file!r} is readable by others (mode {oct(mode & 0o777)}); "
+                          f"chmod 600 it")
+    if not token:
+        raise ConfigError(f"--token-file {token_file!r} is empty")
+    return token
+
+
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="arctic-rl serve", description=__doc__.splitlines()[0])
     p.add_argument("--config", required=True, help="a JSON file or JSON string of ArcticRLClientConfig")
     p.add_argument("--host", default=None)
     p.add_argument("--port", type=int, default=None)
-    p.add_argument("--token", default=os.environ.get("ARCTIC_RL_TOKEN"), help="bearer token (or ARCTIC_RL_TOKEN)")
+    # No --token: a command line is readable by every user of the machine (ps, /proc/<pid>/cmdline).
+    p.add_argument("--allow-imports", action="store_true",
+                   help="let requests name losses and post-processors by dotted path: imports any module the server "
+                        "can import, i.e. whoever may call the server may run code on it (sets server.allow_imports)")
+    p.add_argument("--token-file", default=None,
+                   help=f"a file (mode 0600) holding the bearer token; default: the {TOKEN_ENV} environment variable")
     a = p.parse_args(argv)
-    raw = a.config if a.config.lstrip().startswith("{") else open(a.config).read()
-    data = json.loads(raw)
-    data["comm_protocol"] = "http"
-    for key, val in (("host", a.host), ("port", a.port), ("auth_token", a.token)):
-        if val is not None:
-            data[key] = val
-    config = ArcticRLClientConfig(**data)
+    try:
+        token = _read_token(a.token_file)
+        raw = a.config if a.config.lstrip().startswith("{") else open(a.config).read()
+        data = json.loads(raw)
+        data["comm_protocol"] = "http"
+        for key, val in (("host", a.host), ("port", a.port), ("auth_token", token)):
+            if val is not None:
+                data[key] = val
+        if a.allow_imports:
+            data["server"] = {**data.get("server", {}), "allow_imports": True}
+        config = ArcticRLClientConfig(**data)
+    except ArcticRLError as e:
+        print(f"ARCTIC_RL_ERROR {type(e).__name__}: {e}", flush=True)
+        return 1
     # Take the port before the deploy (Ray and the engines take tens of seconds): a port that was free
     # when the caller picked it can be taken meanwhile, by Ray's own workers say, and a port that cannot
     # be had should fail before anything starts.

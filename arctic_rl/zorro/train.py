@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass, field
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -467,7 +468,7 @@ def pick_backend(device: torch.device, attention: str = "auto", dtype: torch.dty
     return "concat"
 
 
-def zorro_log_probs(model, batch: Batch, *, post_processor: str = "log_probs", pp_config: dict | None = None,
+def zorro_log_probs(model, batch: Batch, *, post_processor: str | Callable = "log_probs", pp_config: dict | None = None,
                     chunk_tokens: int = DEFAULT_CHUNK_TOKENS, attention: str = "auto") -> dict[str, torch.Tensor]:
     """Same outputs as `arctic_rl.engines.forward.naive_log_probs` ({"log_probs": [B, R],
     "entropy": [B, R]?}, zeros on response padding), each shared prompt encoded once.

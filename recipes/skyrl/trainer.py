@@ -120,6 +120,8 @@ def client_config_from_skyrl(cfg) -> "ArcticRLClientConfig":  # noqa: F821
                         "tensor_parallel_size": int(g.inference_engine_tensor_parallel_size),
                         "gpu_memory_utilization": float(g.gpu_memory_utilization),
                         "enforce_eager": bool(g.enforce_eager)},
+        # The server writes and reads checkpoints under SkyRL's ckpt_path only.
+        "server": {"checkpoint_root": os.path.abspath(str(t.ckpt_path))},
     }
     for key, val in extra.items():  # nested dicts merge one level deep (training_config.zorro_train, ...)
         if isinstance(val, dict) and isinstance(data.get(key), dict):

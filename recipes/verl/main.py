@@ -40,6 +40,10 @@ def apply_arctic_defaults(config) -> None:
             OmegaConf.update(config, key, val, force_add=True)
         # The verl worker group is one CPU process; arctic-rl's deployment owns the accelerators.
         config.trainer.balance_batch = False
+        # The server writes and reads checkpoints under verl's checkpoint folder only.
+        key = "actor_rollout_ref.arctic.server.checkpoint_root"
+        if OmegaConf.select(config, key) is None:
+            OmegaConf.update(config, key, os.path.abspath(str(config.trainer.default_local_dir)), force_add=True)
 
 
 def set_mlflow_run_context(config, backend: str = "arctic-rl") -> dict[str, str]:

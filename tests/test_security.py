@@ -1,0 +1,265 @@
+"""Who may run what on the server, checked without a deployment: the token never leaves the process
+that holds it (config JSON, deployment records, MLflow params), request validation at the real
+FastAPI app, loss and post-processor names, checkpoint paths. tests/test_security_deploy.py checks
+the same rules against a running server."""
+from __future__ import annotations
+
+import stat
+
+import pytest
+import torch
+from mlflow.tracking import MlflowClient
+
+from arctic_rl import tracking
+from arctic_rl.config import ArcticRLClientConfig, record_deployment
+from arctic_rl.errors import ConfigError
+from arctic_rl.loop import open_tracker
+from arctic_rl.runconfig import parse_run_config
+
+TOKEN = "tok-5ecret-do-not-leak"
+MODEL = "org/model"  # a hub name: not looked up by the config
+
+
+def test_the_token_is_never_serialized():
+    cfg = ArcticRLClientConfig(model_name=MODEL, comm_protocol="http", host="0.0.0.0", auth_token=TOKEN)
+    assert TOKEN not in cfg.to_json() and TOKEN not in repr(cfg) and TOKEN not in str(cfg.model_dump())
+    back = ArcticRLClientConfig.from_json(cfg.to_json())  # what a record, a checkpoint or a server holds
+    assert back.auth_token is None and back.host == "0.0.0.0"
+    with pytest.raises(ConfigError, match="auth_token"):  # a new non-loopback config still needs one
+        ArcticRLClientConfig(model_name=MODEL, comm_protocol="http", host="0.0.0.0")
+
+
+def test_the_deployment_record_is_owner_only_and_holds_no_token(tmp_path, monkeypatch):
+    state = tmp_path / "state"
+    monkeypatch.setenv("ARCTIC_RL_STATE_DIR", str(state))
+    cfg = ArcticRLClientConfig(model_name=MODEL, comm_protocol="http", auth_token=TOKEN).with_new_job_id()
+    record_deployment(cfg)
+    assert stat.S_IMODE(state.stat().st_mode) == 0o700
+    for name in (f"{cfg.job_id}.json", "latest.json"):
+        f = state / name
+        assert stat.S_IMODE(f.stat().st_mode) == 0o600, name
+        assert TOKEN not in f.read_text() and cfg.job_id in f.read_text()
+    assert ArcticRLClientConfig.reconnect_config().job_id == cfg.job_id
+
+
+def test_mlflow_params_of_a_run_hold_no_token(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    cfg = parse_run_config({"model": {"name_or_path": MODEL}, "recipe": {"name": "toy"},
+                            "train": {"steps": 1, "prompts_per_step": 1},
+                            "backend": {"comm_protocol": "http", "auth_token": TOKEN}})
+    tracker = open_tracker(cfg, None)
+    tracker.end("FINISHED")
+    run = MlflowClient(tracking.default_tracking_uri()).get_run(tracker.run_id)
+    assert "backend/comm_protocol" in run.data.params  # the backend section is logged ...
+    assert not any(TOKEN in v for v in run.data.params.values())  # ... without its token
+    assert not any(TOKEN in v for v in run.data.tags.values())
+    assert "backend/auth_token" not in run.data.params
+
+
+# -- requests at the real FastAPI app (no deployment: a request that fails its checks never reaches one) --
+
+def _app(tmp_path, **server):
+    from fastapi.testclient import TestClient
+
+    from arctic_rl.server.http import build_app
+    cfg = ArcticRLClientConfig(model_name=MODEL, comm_protocol="http", auth_token=TOKEN,
+                               vllm_config={"max_seq_len": 512},
+                               server={"checkpoint_root": str(tmp_path / "root"), "max_n": 8, **server})
+    # handle=None: any request that got past the checks would fail with a 500, which the tests refuse.
+    return TestClient(build_app(None, cfg), headers={"authorization": f"Bearer {TOKEN}"})
+
+
+def _post(app, op: str, **kwargs):
+    from arctic_rl import wire
+    return app.post(f"/v1/{op}", content=wire.encode(kwargs), headers={"content-type": wire.CONTENT_TYPE})
+
+
+def _batch(rows: int = 2):
+    ids = torch.randint(1, 50, (rows, 6))
+    return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "responses": ids[:, 3:].clone(),
+            "response_mask": torch.ones(rows, 3, dtype=torch.long), "uid": list(range(rows))}
+
+
+BAD_REQUESTS = [  # (op, arguments, the argument the answer must name)
+    ("log_probs", {"batch": dict(_batch(), input_ids="not a tensor")}, "input_ids"),
+    ("log_probs", {"batch": dict(_batch(), attention_mask=[[1, 1]])}, "attention_mask"),
+    ("log_probs", {"batch": 7}, "batch"),
+    ("log_probs", {"batch": dict(_batch(), old_log_probs=torch.zeros(2, 3, dtype=torch.long))}, "old_log_probs"),
+    ("log_probs", {"batch": dict(_batch(), input_ids=_batch()["input_ids"].float())}, "input_ids"),
+    ("log_probs", {"batch": dict(_batch(), uid=[{"a": 1}, 2])}, "uid"),
+    ("log_probs", {"batch": _batch(), "temperature": float("nan")}, "temperature"),
+    ("log_probs", {"batch": _batch(), "temperature": "hot"}, "temperature"),
+    ("log_probs", {"batch": _batch(), "reference": "yes"}, "reference"),
+    ("log_probs", {"batch": _batch(), "post_processor": 5}, "post_processor"),
+    ("log_probs", {"batch": _batch(), "bogus": 1}, "bogus"),
+    ("forward_backward", {"batch": _batch(), "loss_config": [1, 2]}, "loss_config"),
+    ("forward_backward", {"batch": _batch(), "loss_fn": ["grpo"]}, "loss_fn"),
+    ("generate", {"prompts": 5, "sampling_params": {}}, "prompts"),
+    ("generate", {"prompts": "abc", "sampling_params": {}}, "prompts"),
+    ("generate", {"prompts": [[1, -2]], "sampling_params": {}}, "prompts[0]"),
+    ("generate", {"prompts": [[1] * 600], "sampling_params": {}}, "prompts[0]"),
+    ("generate", {"prompts": ["hi"], "sampling_params": "n=2"}, "sampling_params"),
+    ("generate", {"prompts": ["hi"], "sampling_params": {"n": 10**9}}, "'n'"),
+    ("generate", {"prompts": ["hi"], "sampling_params": {"n": True}}, "'n'"),
+    ("generate", {"prompts": ["hi"], "sampling_params": {"n": float("nan")}}, "'n'"),
+    ("generate", {"prompts": ["hi"], "sampling_params": {"max_tokens": 10**12}}, "max_tokens"),
+    ("generate", {"prompts": ["hi"], "sampling_params": {"max_tokens": 1.5}}, "max_tokens"),
+    ("generate", {"prompts": ["hi"], "sampling_params": {"temperature": float("inf")}}, "temperature"),
+    ("generate", {"prompts": ["hi"], "sampling_params": {"stop": 5}}, "stop"),
+    ("generate", {"prompts": ["hi"], "sampling_params": {"seed": 10**30}}, "seed"),
+    ("sampler_log_probs", {"sequences": [[1, 2, 3]], "prompt_lens": [float("nan")]}, "prompt_lens[0]"),
+    ("sampler_log_probs", {"sequences": [[1, 2, 3]], "prompt_lens": [9]}, "prompt_lens[0]"),
+    ("sampler_log_probs", {"sequences": 3, "prompt_lens": [1]}, "sequences"),
+    ("sampler_log_probs", {"sequences": [[1, 2, 3], "ab"], "prompt_lens": [1, 1]}, "sequences[1]"),
+    ("sampler_log_probs", {"sequences": [[1, 2]], "prompt_lens": [1, 1]}, "prompt_lens"),
+    ("sleep", {"engine": ["training"]}, "engine"),
+    ("save_checkpoint", {"path": 17}, "path"),
+]
+
+
+@pytest.mark.parametrize("op,args,names", BAD_REQUESTS, ids=[f"{op}-{names}-{i}" for i, (op, _, names)
+                                                             in enumerate(BAD_REQUESTS)])
+def test_a_malformed_request_is_a_4xx_naming_the_argument(tmp_path, op, args, names):
+    r = _post(_app(tmp_path), op, **args)
+    assert 400 <= r.status_code < 500, (r.status_code, r.text[:300])
+    assert names in r.json()["message"], r.json()
+
+
+def test_limits_come_from_the_server_config(tmp_path):
+    app = _app(tmp_path, max_n=2, max_tokens=16, max_batch_rows=3)
+    r = _post(app, "generate", prompts=["hi"], sampling_params={"n": 3})
+    assert r.status_code == 422 and "[1, 2]" in r.json()["message"]
+    r = _post(app, "generate", prompts=["hi"], sampling_params={"max_tokens": 17})
+    assert r.status_code == 422 and "[1, 16]" in r.json()["message"]
+    r = _post(app, "generate", prompts=["a", "b"], sampling_params={"n": 2})
+    assert r.status_code == 422 and "max_batch_rows" in r.json()["message"]
+    r = _post(app, "log_probs", batch=_batch(4))
+    assert r.status_code == 422 and "max_batch_rows" in r.json()["message"]
+
+
+def test_the_body_size_limit_is_enforced(tmp_path):
+    app = _app(tmp_path, max_body_bytes=4096)
+    from arctic_rl import wire
+    big = wire.encode({"batch": _batch(200)})
+    assert len(big) > 4096
+    r = app.post("/v1/log_probs", content=big)
+    assert r.status_code == 413 and r.json()["type"] == "TooLargeError" and "4096" in r.json()["message"]
+
+    def chunks():  # no content-length: the server counts what arrives
+        for i in range(0, len(big), 1000):
+            yield big[i:i + 1000]
+    r = app.post("/v1/log_probs", content=chunks())
+    assert r.status_code == 413 and r.json()["type"] == "TooLargeError"
+
+
+# -- names: only the server's registry, dotted paths only with --allow-imports --------------------------
+
+EVIL = """
+import pathlib
+pathlib.Path({marker!r}).write_text("imported")
+def fn(*args):
+    return None
+"""
+
+
+def test_a_dotted_loss_or_post_processor_name_is_refused_without_importing(tmp_path, monkeypatch):
+    marker = tmp_path / "imported.txt"
+    (tmp_path / "evil_loss_mod.py").write_text(EVIL.format(marker=str(marker)))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    app = _app(tmp_path)
+    for name in ("evil_loss_mod:fn", "evil_loss_mod.fn", "os.system"):
+        r = _post(app, "forward_backward", batch=_batch(), loss_fn=name)
+        assert r.status_code == 422 and r.json()["type"] == "UnknownNameError", r.text
+        assert "'grpo'" in r.json()["message"] and "--allow-imports" in r.json()["message"]
+        r = _post(app, "log_probs", batch=_batch(), post_processor=name)
+        assert r.status_code == 422 and r.json()["type"] == "UnknownNameError", r.text
+        assert "'log_probs'" in r.json()["message"]
+    r = _post(app, "forward_backward", batch=_batch(), loss_fn="nope")
+    assert r.status_code == 422 and "'sft'" in r.json()["message"]
+    assert not marker.exists(), "the server imported a module a request named"
+
+
+def test_allow_imports_is_the_explicit_opt_in(tmp_path, monkeypatch):
+    from arctic_rl.server.requests import check_request
+    marker = tmp_path / "imported.txt"
+    (tmp_path / "evil_loss_mod2.py").write_text(EVIL.format(marker=str(marker)))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    cfg = ArcticRLClientConfig(model_name=MODEL, server={"allow_imports": True, "checkpoint_root": str(tmp_path)})
+    check_request("forward_backward", {"batch": _batch(), "loss_fn": "evil_loss_mod2:fn"}, cfg)
+    assert marker.exists()
+
+
+def test_loss_modules_register_the_names_requests_may_use(tmp_path, monkeypatch):
+    from arctic_rl.losses import load_loss_modules
+    from arctic_rl.server.requests import check_request
+    (tmp_path / "my_losses_plugin.py").write_text(
+        "from arctic_rl import register_loss_fn, register_post_processor\n"
+        "@register_loss_fn('my_plugin_loss')\n"
+        "def loss(outputs, batch, config):\n    raise NotImplementedError\n"
+        "@register_post_processor('my_plugin_pp')\n"
+        "def pp(logits, labels, config):\n    raise NotImplementedError\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    cfg = ArcticRLClientConfig(model_name=MODEL, server={"loss_modules": ["my_losses_plugin"],
+                                                         "checkpoint_root": str(tmp_path)})
+    load_loss_modules(cfg.server.loss_modules)
+    check_request("forward_backward", {"batch": _batch(), "loss_fn": "my_plugin_loss", "post_processor": "my_plugin_pp"},
+                  cfg)
+    with pytest.raises(ConfigError, match="loss_modules.*no_such_plugin_mod"):
+        load_loss_modules(["no_such_plugin_mod"])
+
+
+# -- checkpoint paths: under server.checkpoint_root only -------------------------------------------------
+
+def test_checkpoint_paths_outside_the_root_are_refused(tmp_path):
+    root = tmp_path / "root"
+    root.mkdir()
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (root / "link").symlink_to(outside)
+    app = _app(tmp_path)
+    for op in ("save_checkpoint", "load_checkpoint"):
+        for path in (str(outside / "ck"), "/etc", "../outside/ck", str(root / ".." / "outside"), "link/ck",
+                     str(root / "link"), "~/ck"):
+            r = _post(app, op, path=path)
+            assert r.status_code == 422 and r.json()["type"] == "ConfigError", (op, path, r.text)
+            assert f"checkpoint_root {str(root.resolve())!r}" in r.json()["message"], r.json()
+    assert list(outside.iterdir()) == []
+
+
+def test_checkpoint_paths_under_the_root_are_taken(tmp_path):
+    from arctic_rl.server.requests import checkpoint_path
+    cfg = ArcticRLClientConfig(model_name=MODEL, server={"checkpoint_root": str(tmp_path / "root")})
+    root = (tmp_path / "root").resolve()
+    assert checkpoint_path("step_1", cfg) == root / "step_1"
+    assert checkpoint_path(str(root / "a" / ".." / "b"), cfg) == root / "b"
+    assert checkpoint_path(str(root), cfg) == root
+
+
+def test_checkpoint_root_defaults_to_the_job_folder_else_runs(tmp_path, monkeypatch):
+    from arctic_rl.config import ServerConfig
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("ARCTIC_RL_JOB_DIR", raising=False)
+    assert ServerConfig().resolved().checkpoint_root == str(tmp_path.resolve() / "runs")
+    monkeypatch.setenv("ARCTIC_RL_JOB_DIR", str(tmp_path / "job"))
+    assert ServerConfig().resolved().checkpoint_root == str(tmp_path.resolve() / "job")
+    assert ServerConfig(checkpoint_root=str(tmp_path / "x")).resolved().checkpoint_root == str(tmp_path / "x")
+
+
+def test_the_loop_and_jobs_checkpoint_dirs_lie_under_the_root(tmp_path, monkeypatch):
+    """The loop starts its server with the folder above checkpoint.dir as root: the job's folder for
+    jobs (checkpoint.dir=<job>/checkpoints), runs/<recipe> by default."""
+    from arctic_rl.server.requests import checkpoint_path
+    monkeypatch.chdir(tmp_path)
+    base = {"model": {"name_or_path": MODEL}, "recipe": {"name": "toy"}, "train": {"steps": 1, "prompts_per_step": 1}}
+    for overrides in ([f"checkpoint.dir={tmp_path / 'job' / 'checkpoints'}"], []):
+        run = parse_run_config(base, overrides)
+        cc = run.client_config()
+        assert checkpoint_path(str((run.checkpoint_dir / "step_1").resolve()), cc)
+    assert parse_run_config(base, []).client_config().server.checkpoint_root == str(tmp_path.resolve() / "runs" / "toy")
+
+
+def test_the_token_can_come_from_the_environment(monkeypatch):
+    monkeypatch.setenv("ARCTIC_RL_TOKEN", TOKEN)
+    cfg = ArcticRLClientConfig(model_name=MODEL, comm_protocol="http", host="0.0.0.0")
+    assert cfg.auth_token == TOKEN and TOKEN not in cfg.to_json()
