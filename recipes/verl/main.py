@@ -65,9 +65,10 @@ class ArcticResourcePoolManager:
         class _Mgr(ResourcePoolManager):
             def create_resource_pool(self):
                 for name, procs in self.resource_pool_spec.items():
+                    # One CPU per bundle: the worker is one client process (verl's default asks for
+                    # max_colocate_count CPUs, 3, more than a small node of a job's Ray cluster may have).
                     self.resource_pool_dict[name] = RayResourcePool(process_on_nodes=procs, use_gpu=False,
-                                                                    max_colocate_count=self.max_colocate_count,
-                                                                    name_prefix=name)
+                                                                    max_colocate_count=1, name_prefix=name)
 
         return _Mgr(resource_pool_spec=spec, mapping=mapping)
 
