@@ -67,7 +67,8 @@ class VLLMConfig(Strict):
     tensor_parallel_size: int = Field(1, ge=1)
     gpu_memory_utilization: float = Field(0.5, gt=0, le=1)
     enforce_eager: bool = True
-    dtype: Literal["auto", "bfloat16", "float16", "float32"] = "auto"
+    dtype: Literal["auto", "bfloat16", "float16", "float32"] = Field(
+        "auto", description="'auto': training_config.dtype (the sampler samples the policy being trained)")
     max_num_seqs: int = Field(256, ge=1)
     enable_prefix_caching: bool = True
     weight_sync: Literal["reload", "nccl", "ipc"] = Field(
@@ -221,6 +222,12 @@ def model_window(model_name: str, overrides: dict[str, Any]) -> int | None:
     text = hf.get("text_config") if isinstance(hf.get("text_config"), dict) else {}
     window = hf.get("max_position_embeddings", text.get("max_position_embeddings"))
     return int(window) if isinstance(window, (int, float)) and window > 0 else None
+
+
+def sampler_dtype(cfg: ArcticRLClientConfig) -> str:
+    """vllm_config.dtype, where "auto" is the training dtype: a sampler in another dtype than the trainer
+    samples from another policy than the one trained (vLLM's own "auto" is the checkpoint's dtype)."""
+    return cfg.training_config.dtype if cfg.vllm_config.dtype == "auto" else cfg.vllm_config.dtype
 
 
 def record_deployment(cfg: ArcticRLClientConfig) -> None:
