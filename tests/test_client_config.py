@@ -37,7 +37,8 @@ def test_a_max_seq_len_past_the_window_names_field_value_and_limit(short_model):
 
 
 def test_window_of_a_multimodal_config_is_its_text_config(tmp_path):
-    (tmp_path / "config.json").write_text(json.dumps({"model_type": "x", "text_config": {"max_position_embeddings": 1024}}))
+    config = {"model_type": "x", "text_config": {"max_position_embeddings": 1024}}
+    (tmp_path / "config.json").write_text(json.dumps(config))
     assert ArcticRLClientConfig(model_name=str(tmp_path)).vllm_config.max_seq_len == 1024
 
 
