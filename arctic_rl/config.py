@@ -22,6 +22,13 @@ STATE_DIR_ENV = "ARCTIC_RL_STATE_DIR"
 TOKEN_ENV = "ARCTIC_RL_TOKEN"  # how the bearer token travels between processes (never argv, never a file we write)
 
 
+# The default vllm_config.max_seq_len is the model's window up to this: a 1M-token window would make vLLM
+# reserve KV cache for one sequence of that length.
+MAX_DEFAULT_SEQ_LEN = 32768
+# A hub name whose config is not on disk: the window is unknown, and this was the default before.
+UNKNOWN_WINDOW_SEQ_LEN = 4096
+
+
 def state_dir() -> Path:
     """Where running deployments record how to reach them (for reconnect_config)."""
     return Path(os.environ.get(STATE_DIR_ENV, Path.home() / ".cache" / "arctic-rl" / "deployments"))
@@ -63,11 +70,13 @@ class TrainingConfig(Strict):
 
 
 class VLLMConfig(Strict):
-    max_seq_len: int = Field(4096, ge=16)
+    max_seq_len: int | None = Field(None, ge=16, description="None: the model's window (max_position_embeddings "
+                                    "after model_overrides), at most MAX_DEFAULT_SEQ_LEN")
     tensor_parallel_size: int = Field(1, ge=1)
     gpu_memory_utilization: float = Field(0.5, gt=0, le=1)
     enforce_eager: bool = True
-    dtype: Literal["auto", "bfloat16", "float16", "float32"] = "auto"
+    dtype: Literal["auto", "bfloat16", "float16", "float32"] = Field(
+        "auto", description="'auto': training_config.dtype (the sampler samples the policy being trained)")
     max_num_seqs: int = Field(256, ge=1)
     enable_prefix_caching: bool = True
     weight_sync: Literal["reload", "nccl", "ipc"] = Field(
@@ -182,7 +191,22 @@ class ArcticRLClientConfig(Strict):
         if self.sampling_gpus % tp:
             raise ValueError(f"sampling_gpus={self.sampling_gpus} is not a multiple of "
                              f"vllm_config.tensor_parallel_size={tp}")
+        self._fit_max_seq_len()
         return self
+
+    def _fit_max_seq_len(self) -> None:
+        """Defaults vllm_config.max_seq_len to the model's window and refuses a longer one here, since vLLM
+        refuses it only inside a sampler worker whose error does not reach the user."""
+        window = model_window(self.model_name, self.model_overrides)
+        vc = self.vllm_config
+        if vc.max_seq_len is None:
+            # Set on the nested model: assigning self.vllm_config would re-run this validator.
+            vc.max_seq_len = UNKNOWN_WINDOW_SEQ_LEN if window is None else min(window, MAX_DEFAULT_SEQ_LEN)
+        elif window is not None and vc.max_seq_len > window:
+            raise ValueError(f"vllm_config.max_seq_len={vc.max_seq_len} is longer than the model's window "
+                             f"(max_position_embeddings={window} in {self.model_name}/config.json"
+                             f"{' after model_overrides' if self.model_overrides else ''}): lower it or widen "
+                             f"the window with model_overrides (e.g. YaRN rope scaling)")
 
     def __init__(self, **data: Any):
         try:
@@ -221,6 +245,40 @@ class ArcticRLClientConfig(Strict):
         return self.model_copy(update={"job_id": uuid.uuid4().hex[:12]})
 
 
+
+
+def _local_hf_config(model_name: str) -> dict | None:
+    """The model's config.json if it is on disk (a folder, or a hub name already in the HF cache); never
+    downloads."""
+    path = Path(model_name).expanduser() / "config.json"
+    if not path.is_file():
+        try:
+            from huggingface_hub import try_to_load_from_cache
+            cached = try_to_load_from_cache(model_name, "config.json")
+        except Exception:  # not a valid repo id, or no huggingface_hub in this environment
+            return None
+        if not isinstance(cached, str):
+            return None
+        path = Path(cached)
+    return json.loads(path.read_text())
+
+
+def model_window(model_name: str, overrides: dict[str, Any]) -> int | None:
+    """max_position_embeddings of the model's HF config after `overrides` (of its text config for a
+    multimodal model), or None when the config is not on disk or names no window."""
+    hf = _local_hf_config(model_name)
+    if hf is None:
+        return None
+    hf = {**hf, **overrides}
+    text = hf.get("text_config") if isinstance(hf.get("text_config"), dict) else {}
+    window = hf.get("max_position_embeddings", text.get("max_position_embeddings"))
+    return int(window) if isinstance(window, (int, float)) and window > 0 else None
+
+
+def sampler_dtype(cfg: ArcticRLClientConfig) -> str:
+    """vllm_config.dtype, where "auto" is the training dtype: a sampler in another dtype than the trainer
+    samples from another policy than the one trained (vLLM's own "auto" is the checkpoint's dtype)."""
+    return cfg.training_config.dtype if cfg.vllm_config.dtype == "auto" else cfg.vllm_config.dtype
 
 
 def record_deployment(cfg: ArcticRLClientConfig) -> None:

@@ -289,17 +289,17 @@ def train_step(cfg: RunConfig, client: ArcticRLClient, recipe, rollout: Rollout,
     t["adv"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
-    batch["old_log_probs"] = client.log_probs(batch)["log_probs"]
+    # Rollout, old and reference log-probs and the loss all use the sampling distribution (as verl does).
+    temperature = actor_loss_config(cfg)["temperature"]
+    batch["old_log_probs"] = client.log_probs(batch, temperature=temperature)["log_probs"]
     t["old_log_prob"] = time.perf_counter() - t0
     if cfg.use_reference:  # else no timing_s/ref, as verl: a phase that did not run has no time (nor tokens/s)
         t0 = time.perf_counter()
-        batch["ref_log_prob"] = client.log_probs(batch, reference=True)["log_probs"]
+        batch["ref_log_prob"] = client.log_probs(batch, reference=True, temperature=temperature)["log_probs"]
         t["ref"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
-    loss_config = dict(cfg.loss.config)
-    if cfg.async_.enable:
-        loss_config.setdefault("rollout_is", "token")  # decoupled PPO: weight by pi_prox / pi_behaviour
+    loss_config = actor_loss_config(cfg)
     groups = group_rows(batch)
     per_mb = cfg.train.prompts_per_mini_batch
     actor: dict[str, list[float]] = {}
@@ -505,6 +505,16 @@ def run(cfg: RunConfig, client: ArcticRLClient | None = None, *, stop_after: int
     if not quiet:
         print(summary_line(result), flush=True)
     return result
+
+
+def actor_loss_config(cfg: RunConfig) -> dict:
+    """The loss config the loop trains with: the run's, plus what sampling implies."""
+    loss_config = dict(cfg.loss.config)
+    # logits / T, as the sampler drew them; greedy sampling (T=0) has no such distribution: T=1
+    loss_config.setdefault("temperature", cfg.sampling.temperature or 1.0)
+    if cfg.async_.enable:
+        loss_config.setdefault("rollout_is", "token")  # decoupled PPO: weight by pi_prox / pi_behaviour
+    return loss_config
 
 
 def _step_line(step: int, total: int, m: dict[str, float]) -> str:

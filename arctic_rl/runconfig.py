@@ -201,6 +201,11 @@ class RunConfig(Strict):
                                  f"{self.model.name_or_path!r}: {str(e).splitlines()[0]}") from None
             y = self.model.yarn
             overrides.update(yarn_overrides(y.factor, y.original_max_position_embeddings, rope_theta=theta).hf_config)
+        elif self.model.yarn is not None:
+            # Unresolved, the rope dict is missing, but the window YaRN gives is known: the sequence length
+            # check of the backend section needs it.
+            y = self.model.yarn
+            overrides["max_position_embeddings"] = int(round(y.factor * y.original_max_position_embeddings))
         if overrides:
             if data.get("model_overrides") not in (None, {}, overrides):
                 raise ValueError("model.overrides/model.yarn and backend.model_overrides disagree; set one of them")

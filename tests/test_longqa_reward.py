@@ -56,8 +56,10 @@ def test_extract_answer(completion, expected):
 
 @pytest.mark.parametrize("completion, answers, expected", [
     ("Answer: the city of Velmora.", ["Velmora"], 1.0),  # gold inside the prediction
-    ("Velmora", ["Velmora Province"], 1.0),  # prediction inside the gold
-    ("Lorsen", ["Bram Lorsen"], 1.0),
+    ("Velmora", ["Velmora Province"], 0.0),  # a part of the gold is not the gold (LongBench's direction)
+    ("Lorsen", ["Bram Lorsen"], 0.0),
+    ("John", ["John Lennon"], 0.0),
+    ("Answer: John Lennon of the Beatles", ["John Lennon"], 1.0),
     ("V", ["Velmora"], 0.0),  # whole words only: no reward for a letter
     ("ora", ["Velmora"], 0.0),
     ("Answer: a", ["A"], 0.0),  # both normalize to nothing
@@ -91,6 +93,20 @@ def test_wrong_answers_veto_listing_several_candidates():
     assert score("Velmora Province", ["Velmora Province"], wrong_answers=["Velmora"]) == 1.0
     # F1 already pays less for the listing; the veto is substring mode's.
     assert 0 < score(listing, ["Redwell Labs"], mode="f1", wrong_answers=wrong) < 1
+
+
+@pytest.mark.parametrize("gold", ["yes", "no", "Yes.", "NO"])
+def test_yes_or_no_hedge_scores_on_neither(gold):
+    # Gold-in-prediction alone would credit "yes or no" on every yes/no question.
+    assert score("Answer: yes or no", [gold]) == 0.0
+    assert score("Answer: No, not yes.", [gold]) == 0.0
+    assert score(f"Answer: {gold}", [gold]) == 1.0
+
+
+def test_yes_no_gold_still_credits_a_plain_sentence():
+    assert score("Answer: Yes, both were founded in 1990.", ["yes"]) == 1.0
+    assert score("Answer: No, they were not.", ["no"]) == 1.0
+    assert score("Answer: Yes.", ["no"]) == 0.0
 
 
 def test_score_accepts_a_single_answer_string():

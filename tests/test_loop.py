@@ -70,6 +70,15 @@ def test_toy_reward():
     assert reward("aeiou x", exs[0]) == pytest.approx(5 / 6) and reward("   ", exs[0]) == 0.0
 
 
+def test_the_loss_uses_the_sampling_temperature(tiny_llama, tmp_path):
+    from arctic_rl.loop import actor_loss_config
+    assert actor_loss_config(tiny_cfg(tiny_llama, tmp_path, "sampling.temperature=0.7"))["temperature"] == 0.7
+    assert actor_loss_config(tiny_cfg(tiny_llama, tmp_path, "sampling.temperature=0"))["temperature"] == 1.0
+    # a temperature the run's loss config sets itself is kept
+    cfg = tiny_cfg(tiny_llama, tmp_path, "sampling.temperature=0.7", "loss.config.temperature=0.9")
+    assert actor_loss_config(cfg)["temperature"] == 0.9
+
+
 @pytest.mark.slow
 def test_loop_over_ray_logs_and_resumes_exactly(ray_cluster, tiny_llama, tmp_path, mlflow_db):
     cfg_a = tiny_cfg(tiny_llama, tmp_path / "a")

@@ -88,3 +88,53 @@ def test_launch_scripts_compose_with_verl(recipe):
     assert client.training_gpus == 32 and client.training_config.zero_stage == 3
     assert client.vllm_config.tensor_parallel_size == native.actor_rollout_ref.rollout.tensor_model_parallel_size
     assert client.training_config.optimizer.lr == 1e-6
+
+
+def _verl_actor_rollout_ref(overrides):
+    """verl's own composed `actor_rollout_ref` (its ppo_trainer config) with Hydra overrides."""
+    import sys
+    from pathlib import Path
+
+    venv = Path(sys.executable).parent.parent
+    for d in ("verl-ref", "verl-trainer"):
+        if str(venv / d) not in sys.path:
+            sys.path.append(str(venv / d))
+    from hydra import compose, initialize_config_dir
+
+    from recipes.verl.main import VERL_CONFIG_DIR
+    with initialize_config_dir(config_dir=VERL_CONFIG_DIR, version_base=None):
+        cfg = compose(config_name="ppo_trainer", overrides=["actor_rollout_ref.model.path=tiny", *overrides])
+    return cfg.actor_rollout_ref
+
+
+def test_verl_optimizer_settings_reach_the_client_config():
+    """verl's actor optim (lr, betas, weight decay, clip, scheduler) is applied, and a nested arctic override
+    (training_config.optimizer.eps) adds to it instead of replacing the optimizer section."""
+    a = "actor_rollout_ref.actor.optim."
+    ref = _verl_actor_rollout_ref([
+        f"{a}lr=3e-7", f"{a}weight_decay=0.05", f"{a}betas=[0.8,0.95]", f"{a}lr_scheduler_type=cosine",
+        f"{a}lr_warmup_steps=4", f"{a}total_training_steps=40", f"{a}min_lr_ratio=0.1",
+        "actor_rollout_ref.actor.grad_clip=0.5",
+        "+actor_rollout_ref.arctic.training_config.optimizer.eps=1e-6",
+        "+actor_rollout_ref.arctic.training_config.zero_stage=2"])
+    from recipes.verl.worker import client_config_from_verl  # needs verl on sys.path (above)
+
+    training = client_config_from_verl(ref).training_config
+    assert training.optimizer.lr == 3e-7 and training.optimizer.weight_decay == 0.05
+    assert training.optimizer.betas == (0.8, 0.95) and training.optimizer.eps == 1e-6
+    assert training.grad_clip == 0.5 and training.zero_stage == 2
+    sched = training.lr_scheduler
+    assert (sched.type, sched.warmup_steps, sched.total_steps, sched.min_lr_ratio) == ("cosine", 4, 40, 0.1)
+
+
+def test_verl_warmup_ratio_and_unknown_scheduler():
+    from arctic_rl.errors import ConfigError
+
+    a = "actor_rollout_ref.actor.optim."
+    ref = _verl_actor_rollout_ref([f"{a}lr_warmup_steps_ratio=0.25", f"{a}total_training_steps=20"])
+    from recipes.verl.worker import client_config_from_verl  # needs verl on sys.path (above)
+
+    assert client_config_from_verl(ref).training_config.lr_scheduler.warmup_steps == 5
+    ref = _verl_actor_rollout_ref([f"{a}lr_scheduler_type=wsd"])
+    with pytest.raises(ConfigError, match="lr_scheduler_type.*wsd"):
+        client_config_from_verl(ref)

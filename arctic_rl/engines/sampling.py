@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from arctic_rl.config import ArcticRLClientConfig
+from arctic_rl.config import ArcticRLClientConfig, sampler_dtype
 from arctic_rl.engines.model import accelerator
 from arctic_rl.errors import BatchFormatError
 
@@ -29,7 +29,7 @@ class SamplingWorker:
         from vllm import LLM
 
         kwargs: dict[str, Any] = dict(
-            model=self.cfg.model_name, tensor_parallel_size=vc.tensor_parallel_size, dtype=vc.dtype,
+            model=self.cfg.model_name, tensor_parallel_size=vc.tensor_parallel_size, dtype=sampler_dtype(self.cfg),
             max_model_len=vc.max_seq_len, enforce_eager=vc.enforce_eager, seed=self.cfg.seed + replica,
             max_num_seqs=vc.max_num_seqs, enable_prefix_caching=vc.enable_prefix_caching,
         )
@@ -51,6 +51,9 @@ class SamplingWorker:
             kwargs["enable_chunked_prefill"] = False
         if self.cfg.model_overrides:
             kwargs["hf_overrides"] = dict(self.cfg.model_overrides)
+        # The sampled tokens' log-probs under the distribution they were drawn from (after temperature),
+        # which is what the trainer computes with the same temperature; vLLM's default is the raw model's.
+        kwargs["logprobs_mode"] = "processed_logprobs"
         if self.cfg.arctic_inference_config.zorro_inference.enable:
             from arctic_rl.zorro import inference as zinf
             kwargs.update(zinf.vllm_engine_kwargs(self.cfg.arctic_inference_config.zorro_inference))
@@ -125,21 +128,14 @@ class SamplingWorker:
         self.llm.reset_prefix_cache()  # cached KV was computed with the old weights
         return time.time() - t0
 
-    def weight_sq_norms(self) -> dict[str, float]:
-        """Squared norm of every parameter vLLM exposes, by name (summed over TP ranks).
-
-        vLLM-CPU repacks linear weights into kernel layouts and leaves the parameter empty; those
-        are left out, and the caller checks them through log-probs instead. Fused tensors (qkv_proj,
-        gate_up_proj) and padded vocabularies keep sums of squares, so names can be matched by parts.
-        """
-        def sq(worker):
-            return {n: float(p.detach().double().pow(2).sum())
-                    for n, p in worker.model_runner.model.named_parameters() if p.numel() > 0}
-        total: dict[str, float] = {}
-        for part in self.llm.collective_rpc(sq):
-            for k, v in part.items():
-                total[k] = total.get(k, 0.0) + v
-        return total
+    def check_weights(self, state: dict[str, torch.Tensor]) -> dict:
+        """Compares every parameter vLLM holds with the trainer's `state`, exactly, in the sampler's dtype
+        (see `stale_tensor`): {"checked", "unchecked", "stale": None or (name, max abs difference)}, over
+        all TP ranks."""
+        parts = self.llm.collective_rpc(_check_worker_weights, kwargs={"state": state})
+        stale = next((p["stale"] for p in parts if p["stale"] is not None), None)
+        return {"checked": sum(p["checked"] for p in parts), "unchecked": sum(p["unchecked"] for p in parts),
+                "stale": stale}
 
     # -- CUDA NCCL / IPC weight transfer (engines/weight_sync.py drives these) ------------------------------
     def tensor_parallel_size(self) -> int:
@@ -164,3 +160,64 @@ class SamplingWorker:
         if accelerator() == "cuda":
             self.llm.wake_up()
         self.asleep = False
+
+
+# vLLM fuses these HF projections into one parameter, concatenated along dim 0 in this order.
+FUSED = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
+
+
+def _check_worker_weights(worker, state: dict[str, torch.Tensor]) -> dict:
+    """Runs in each vLLM worker: the first parameter that differs from the trainer's, in named_parameters
+    order. Parameters whose layout cannot be rebuilt (vLLM-CPU repacks linear weights and leaves them empty)
+    are counted as unchecked; the controller's log-prob probe covers those."""
+    from vllm.distributed import get_tensor_model_parallel_rank, get_tensor_model_parallel_world_size
+
+    rank, world = get_tensor_model_parallel_rank(), get_tensor_model_parallel_world_size()
+    checked = unchecked = 0
+    for name, param in worker.model_runner.model.named_parameters():
+        expected = _expected_param(name, param, state, rank, world) if param.numel() > 0 else None
+        if expected is None:
+            unchecked += 1
+            continue
+        checked += 1
+        held = param.detach().cpu()
+        if not torch.equal(held, expected):
+            diff = float((held.double() - expected.double()).abs().max())
+            return {"checked": checked, "unchecked": unchecked, "stale": (name, diff)}
+    return {"checked": checked, "unchecked": unchecked, "stale": None}
+
+
+def _expected_param(name: str, param: torch.Tensor, state: dict[str, torch.Tensor], rank: int,
+                    world: int) -> torch.Tensor | None:
+    """What `param` must hold given the trainer's full state, cast to the param's dtype (as loading does):
+    fused pieces concatenated, this TP rank's shard, a padded vocabulary's extra rows taken as they are.
+    None when the trainer has no such tensor or the layout is not one of these."""
+    pieces = [name]
+    for fused, parts in FUSED.items():
+        if f".{fused}." in name:
+            pieces = [name.replace(fused, p) for p in parts]
+    if not all(p in state for p in pieces):
+        return None
+    tensors = [state[p].to(param.dtype) for p in pieces]
+    full = torch.cat(tensors, 0) if len(tensors) > 1 else tensors[0]
+    if full.shape == param.shape:  # also what every TP rank holds of a replicated tensor (norms)
+        return full
+    if world > 1:
+        shard = _shard(tensors, param.shape, rank, world)
+        return None if shard is None else torch.cat(shard, 0)
+    if full.dim() >= 1 and full.shape[1:] == param.shape[1:] and full.shape[0] < param.shape[0]:
+        padded = param.detach().cpu().clone()  # vocab padding rows are vLLM's own
+        padded[:full.shape[0]] = full
+        return padded
+    return None
+
+
+def _shard(tensors: list[torch.Tensor], shape: torch.Size, rank: int, world: int) -> list[torch.Tensor] | None:
+    # Column-parallel layers split each piece along dim 0, row-parallel ones along dim 1.
+    for dim in (0, 1):
+        if any(t.dim() <= dim or t.shape[dim] % world for t in tensors):
+            continue
+        out = [t.chunk(world, dim)[rank] for t in tensors]
+        if torch.cat(out, 0).shape == shape:
+            return out
+    return None

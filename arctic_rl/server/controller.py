@@ -18,15 +18,13 @@ import ray
 import torch
 
 from arctic_rl.batch import LOG_PROBS_KEYS, TRAIN_KEYS, Batch, select_rows, split_micro_batches, validate_batch
-from arctic_rl.config import ArcticRLClientConfig, forget_deployment
+from arctic_rl.config import ArcticRLClientConfig, forget_deployment, sampler_dtype
 from arctic_rl.errors import ArcticRLError, ConfigError, EngineDeadError, EngineError, WeightSyncError
 from arctic_rl.losses import load_loss_modules, resolve_loss_fn
 from arctic_rl.server import placement
 from arctic_rl.server.requests import ENGINES, check_request, checkpoint_path
 NAMESPACE = "arctic-rl"
 PING_TIMEOUT_S = 10.0
-# fused vLLM parameter -> the HF parameters it concatenates (sums of squares add up)
-FUSED = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
 
 
 def controller_name(job_id: str) -> str:
@@ -297,19 +295,35 @@ class Controller:
             if not self.nccl:
                 t_gather = time.time() - t0
                 secs = self._get([s.update_weights.remote(state_ref) for s in self.samplers], "sampling")
-            trainer_norms = ray.get(norms_ref)
-            sampler_norms = self._get([s.weight_sq_norms.remote() for s in self.samplers], "sampling")
-        checked, worst = 0, 0.0
-        for sn in sampler_norms:
-            c, w = _compare_norms(trainer_norms, sn)
-            checked, worst = c, max(worst, w)
-        tol = 1e-4
-        if worst > tol:
-            raise WeightSyncError(f"sampler weights disagree with the trainer's after sync: max relative "
-                                  f"difference of squared norms {worst:.3g} > {tol} over {checked} tensors")
+            check = self._compare_weights(state_ref)
         probe = self._probe_log_prob_diff()
-        return {"sync_s": time.time() - t0, "gather_s": t_gather, "load_s": max(secs),
-                "norm_checked_tensors": checked, "norm_max_rel_diff": worst, "probe_max_abs_logprob_diff": probe}
+        return {"sync_s": time.time() - t0, "gather_s": t_gather, "load_s": max(secs), **check,
+                "probe_max_abs_logprob_diff": probe}
+
+    def check_weights(self) -> dict:
+        """Whether the samplers hold exactly the trainer's current weights, without syncing (a sampler that
+        missed an update fails it); sync_weights runs the same check after loading."""
+        with self._locked("training", "sampling"):
+            pairs = [a.full_state_and_norms.options(num_returns=2).remote() for a in self.trainers]
+            self._get([p[1] for p in pairs], "training")  # every rank took part (ZeRO-3 gathers)
+            check = self._compare_weights(pairs[0][0])
+        return {**check, "probe_max_abs_logprob_diff": self._probe_log_prob_diff()}
+
+    def _compare_weights(self, state_ref) -> dict:
+        """Exact per-tensor comparison in the sampler's dtype: one optimizer step at lr 1e-6 moves fp32
+        weights by less than a tolerance on norms would notice, so nothing but equality is accepted."""
+        results = self._get([s.check_weights.remote(state_ref) for s in self.samplers], "sampling")
+        for replica, res in enumerate(results):
+            if res["stale"] is not None:
+                name, diff = res["stale"]
+                raise WeightSyncError(
+                    f"sampler replica {replica} does not hold the trainer's weights: first stale tensor {name} "
+                    f"(max |sampler - trainer| {diff:.3g} in the sampler's dtype {sampler_dtype(self.cfg)}; "
+                    f"{res['checked'] - 1} tensors before it matched)")
+            if res["checked"] == 0:
+                raise WeightSyncError(f"sampler replica {replica}: no parameter could be compared with the "
+                                      f"trainer's by name and shape ({res['unchecked']} unchecked)")
+        return {"checked_tensors": results[0]["checked"], "unchecked_tensors": results[0]["unchecked"]}
 
     def _probe_diff(self) -> tuple[float, float]:
         """(max, mean) |trainer - sampler| log-prob over one fixed 32-token probe sequence."""
@@ -323,7 +337,7 @@ class Controller:
         return float(diff.max()), float(diff.mean())
 
     def _probe_log_prob_diff(self) -> float:
-        """Covers the weights vLLM-CPU repacks out of sight of the norm check. fp32 must agree to 1e-3.
+        """Covers the weights vLLM-CPU repacks out of sight of the exact check. fp32 must agree to 1e-3.
         In bf16 the two stacks' kernels differ by a few hundredths of a nat on average even with equal
         weights, so the mean may be at most twice what it was at start-up (equal weights) + 0.01;
         stale or wrong weights give differences of whole nats."""
@@ -445,21 +459,3 @@ def _reduce_metrics(per_mb: list[dict]) -> dict[str, float]:
         vals = [m[k] for m in per_mb if k in m]
         out[k] = sum(vals) if (k in SUM_METRICS or k == "loss") else sum(vals) / len(vals)
     return out
-
-
-def _compare_norms(trainer: dict[str, float], sampler: dict[str, float]) -> tuple[int, float]:
-    checked, worst = 0, 0.0
-    for name, sq in sampler.items():
-        parts = [name]
-        for fused, pieces in FUSED.items():
-            if f".{fused}." in name:
-                parts = [name.replace(fused, p) for p in pieces]
-        if not all(p in trainer for p in parts):
-            continue
-        ref = sum(trainer[p] for p in parts)
-        worst = max(worst, abs(ref - sq) / max(ref, 1e-12))
-        checked += 1
-    if checked == 0:
-        raise WeightSyncError(f"no sampler parameter matched a trainer parameter by name "
-                              f"(sampler: {sorted(sampler)[:4]}..., trainer: {sorted(trainer)[:4]}...)")
-    return checked, worst

@@ -11,12 +11,14 @@ default) also applies NFKC and drops every Unicode punctuation character, becaus
 carries curly quotes and full-width forms the ASCII-only official rule keeps.
 `evals.longbench` calls it with `unicode=False` so its numbers match LongBench's eval.py.
 
-Substring matching credits a prediction that lists several names if one is the answer ("A was
-founded before B" for "which came first, A or B?"), which GRPO learns to exploit. Two guards:
-containment is on whole words (no reward for single letters), and `wrong_answers` (the other
-candidates, e.g. the other company of a comparison; the synthetic set records them) veto a
-prediction that names one of them. Real sets carry no such list: there `mode="f1"` is the mode
-that penalizes long answers.
+Substring matching credits a prediction only when the normalized gold occurs in it (LongBench's
+direction): a part of the gold ("John" for "John Lennon") is not the answer. It also credits a
+prediction that lists several names if one is the answer ("A was founded before B" for "which
+came first, A or B?"), which GRPO learns to exploit. Three guards: containment is on whole words
+(no reward for single letters); `wrong_answers` (the other candidates, e.g. the other company of a
+comparison; the synthetic set records them) veto a prediction that names one of them; and a
+yes/no gold has the other word as an implied wrong answer, so "yes or no" scores on neither.
+Real sets carry no candidate list: there `mode="f1"` is the mode that penalizes long answers.
 """
 from __future__ import annotations
 
@@ -37,6 +39,8 @@ _ANSWER_LINE = re.compile(
     r"^[\s*_#>]*(?:the\s+)?(?:final\s+)?answer\s*(?:is\b\s*[:：]?|[:：])[\s*_]*(.*)$", re.IGNORECASE
 )
 _BOXED = "\\boxed{"
+# A yes/no question's other answer, vetoed like a listed wrong candidate.
+_OPPOSITE = {"yes": "no", "no": "yes"}
 
 
 def normalize_answer(text: str, *, unicode: bool = True) -> str:
@@ -134,7 +138,7 @@ def match_score(prediction: str, ground_truth: str, mode: Mode = "substring") ->
     if mode == "exact":
         return float(pred == truth)
     if mode == "substring":
-        return float(_contains_words(pred, truth) or _contains_words(truth, pred))
+        return float(_contains_words(pred, truth))
     raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
 
 
@@ -148,5 +152,10 @@ def score(completion: str, answers: Sequence[str] | str, mode: Mode = "substring
     if not gold:
         raise ValueError("answers must hold at least one gold answer, got []")
     prediction = extract_answer(completion)
-    return max(0.0 if mode == "substring" and names_wrong_answer(prediction, truth, wrong_answers)
+    return max(0.0 if mode == "substring" and names_wrong_answer(prediction, truth, _vetoes(truth, wrong_answers))
                else match_score(prediction, truth, mode) for truth in gold)
+
+
+def _vetoes(truth: str, wrong_answers: Sequence[str]) -> list[str]:
+    opposite = _OPPOSITE.get(normalize_answer(truth))
+    return [*wrong_answers, opposite] if opposite else list(wrong_answers)

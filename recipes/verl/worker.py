@@ -29,29 +29,52 @@ LOSS_KEYS = ("clip_ratio_low", "clip_ratio_high", "clip_ratio_c", "loss_agg_mode
 
 def client_config_from_verl(config) -> "ArcticRLClientConfig":  # noqa: F821
     """An ArcticRLClientConfig from verl's `actor_rollout_ref` config; `actor_rollout_ref.arctic` (optional,
-    add it with `+actor_rollout_ref.arctic.<field>=...`) overrides any field."""
+    add it with `+actor_rollout_ref.arctic.<field>=...`) overrides any field, nested ones included."""
     from arctic_rl import ArcticRLClientConfig
 
     c = config
     extra = OmegaConf.to_container(c.get("arctic", None) or OmegaConf.create({}), resolve=True)
-    optim = c.actor.optim
-    training = {"optimizer": {"lr": float(optim.lr), "weight_decay": float(optim.get("weight_decay", 0.0))},
-                "grad_clip": float(c.actor.get("grad_clip", 1.0) or 0.0)}
+    clip = c.actor.get("grad_clip", c.actor.optim.get("clip_grad", 1.0))
+    training = {"optimizer": _optimizer_from_verl(c.actor.optim), "lr_scheduler": _scheduler_from_verl(c.actor.optim),
+                "grad_clip": float(clip or 0.0)}
     micro = c.actor.get("ppo_micro_batch_size_per_gpu")
     if micro:
         training["micro_batch_size"] = int(micro)
     max_len = int(c.rollout.prompt_length) + int(c.rollout.response_length)
     vllm = {"max_seq_len": max_len}
     kw = {"model_name": str(c.model.path), "training_config": training, "vllm_config": vllm}
-    for key, val in extra.items():
-        if isinstance(val, dict) and isinstance(kw.get(key), dict):
-            kw[key] = {**kw[key], **val}
-            for sub, subval in val.items():  # one level deeper (training_config.optimizer)
-                if isinstance(subval, dict) and isinstance(kw[key].get(sub), dict):
-                    pass
-        else:
-            kw[key] = val
-    return ArcticRLClientConfig(**kw)
+    return ArcticRLClientConfig(**_deep_merge(kw, extra))
+
+
+def _deep_merge(base: dict, override: dict) -> dict:
+    # A nested override (training_config.optimizer.eps) must keep its siblings (the lr verl set).
+    out = dict(base)
+    for key, val in override.items():
+        out[key] = _deep_merge(out[key], val) if isinstance(val, dict) and isinstance(out.get(key), dict) else val
+    return out
+
+
+def _optimizer_from_verl(optim) -> dict:
+    out = {"lr": float(optim.lr), "weight_decay": float(optim.get("weight_decay", 0.0))}
+    if optim.get("betas") is not None:
+        out["betas"] = tuple(float(b) for b in optim.betas)
+    return out
+
+
+def _scheduler_from_verl(optim) -> dict:
+    """verl's warmup + constant/cosine schedule (`lr_scheduler_type`, or the older `warmup_style`)."""
+    from arctic_rl.errors import ConfigError
+
+    kind = optim.get("lr_scheduler_type") or optim.get("warmup_style") or "constant"
+    if kind not in ("constant", "cosine"):
+        raise ConfigError(f"actor_rollout_ref.actor.optim.lr_scheduler_type={kind!r}: arctic-rl runs "
+                          "'constant' or 'cosine'")
+    total = max(int(optim.get("total_training_steps", -1) or -1), 0)
+    warmup = int(optim.get("lr_warmup_steps", -1) or -1)
+    if warmup < 0:  # verl: a negative step count means "use the ratio"
+        warmup = int(float(optim.get("lr_warmup_steps_ratio", 0.0) or 0.0) * total)
+    return {"type": kind, "warmup_steps": warmup, "total_steps": total,
+            "min_lr_ratio": float(optim.get("min_lr_ratio", 0.0) or 0.0)}
 
 
 class ArcticActorRolloutRefWorker(Worker):
