@@ -32,26 +32,30 @@ def controller_name(job_id: str) -> str:
 
 
 class _CpuPlacer:
-    """CPU clusters: one SPREAD placement group of token bundles (0.01 CPU: no real reservation, all
-    engines share the cores). Each engine's workers are dealt over the nodes the bundles landed on:
-    trainer rank r and sampler replica r go to node r mod N (or the next node with a bundle left), so a
-    multi-node CPU cluster runs trainer ranks and sampler replicas on every node. The GCS places bundles
-    from its own view of the cluster, and an actor's lease then follows its bundle. (Ray's SPREAD strategy
-    and soft node affinity are decided from the local raylet's view, which in CI had not yet seen a node
-    that had just joined, and packed every engine on one node.)"""
+    """CPU clusters: token bundles (0.01 CPU: no real reservation, all
+    engines share the cores). Each engine's workers are dealt over the nodes: trainer rank r and sampler
+    replica r go to node r mod N, so a multi-node CPU cluster runs trainer ranks and sampler replicas on every
+    node. The tokens come from STRICT_SPREAD groups (one token per node each, as many groups as engines), so
+    every node holds a token for any engine dealt to it; the GCS places bundles from its own view of the
+    cluster, and an actor's lease then follows its bundle. (Ray's SPREAD is best effort: with 10 tokens over 2
+    nodes it left one node a single token. Soft node affinity is decided from the local raylet's view, which in
+    CI had not yet seen a node that had just joined, and packed every engine on one node.)"""
 
     def __init__(self, cfg: ArcticRLClientConfig):
         from ray.util.placement_group import placement_group, placement_group_table
 
         n = placement.cpu_bundle_count(cfg)
-        # n tokens per node, spread evenly: every node holds a token for any engine dealt to it.
         num_nodes = max(1, sum(1 for node in ray.nodes() if node["Alive"] and node["Resources"].get("CPU", 0) > 0))
-        self.pg = placement_group([dict(placement.CPU_BUNDLE)] * (n * num_nodes), strategy="SPREAD")
-        if not self.pg.wait(timeout_seconds=300):
-            raise ConfigError(f"Ray could not place {n} engine bundles in 300 s (cluster: {ray.cluster_resources()})")
-        by_node: dict[str, list[int]] = {}
-        for b, node in sorted(placement_group_table(self.pg)["bundles_to_node_id"].items()):
-            by_node.setdefault(node, []).append(b)
+        self.pgs = [placement_group([dict(placement.CPU_BUNDLE)] * num_nodes, strategy="STRICT_SPREAD")
+                    for _ in range(n)]
+        for pg in self.pgs:
+            if not pg.wait(timeout_seconds=300):
+                raise ConfigError(f"Ray could not place engine tokens on {num_nodes} node(s) in 300 s "
+                                  f"(cluster: {ray.cluster_resources()})")
+        by_node: dict[str, list[tuple]] = {}
+        for pg in self.pgs:
+            for b, node in sorted(placement_group_table(pg)["bundles_to_node_id"].items()):
+                by_node.setdefault(node, []).append((pg, b))
         self.queues = [by_node[k] for k in sorted(by_node)]
         self.num_trainers = cfg.training_gpus
 
@@ -59,8 +63,9 @@ class _CpuPlacer:
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
         n = len(self.queues)
         queue = next(self.queues[(slot + k) % n] for k in range(n) if self.queues[(slot + k) % n])
+        pg, bundle = queue.pop(0)
         return {"num_cpus": 0, "scheduling_strategy": PlacementGroupSchedulingStrategy(
-            placement_group=self.pg, placement_group_bundle_index=queue.pop(0))}
+            placement_group=pg, placement_group_bundle_index=bundle)}
 
     def trainer(self, rank: int) -> dict:
         return self._take(rank)
@@ -73,7 +78,8 @@ class _CpuPlacer:
 
     def release(self) -> None:
         from ray.util.placement_group import remove_placement_group
-        remove_placement_group(self.pg)
+        for pg in self.pgs:
+            remove_placement_group(pg)
 
 
 class _GpuPlacer:

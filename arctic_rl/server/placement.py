@@ -11,8 +11,8 @@ of its own shares bundle 0. Split: a pool per engine. Every actor takes GPU_SHAR
 three per device); a sampler with tensor parallelism sits in its first bundle without a share, and vLLM's
 Ray executor puts its TP workers on the replica's bundles (VLLM_RAY_BUNDLE_INDICES).
 
-CPU clusters: one SPREAD group of token bundles (cpu_bundle_count of them), dealt at deploy time over the
-nodes Ray put them on (that part depends on Ray's answer, so it stays in the controller).
+CPU clusters: cpu_bundle_count STRICT_SPREAD groups of token bundles (one per node each), dealt at deploy time
+over the nodes Ray put them on (that part depends on Ray's answer, so it stays in the controller).
 """
 from __future__ import annotations
 
