@@ -72,7 +72,7 @@ def test_zero1_trains(reference_run):
 
 @pytest.mark.parametrize("zero_stage", [2, 3])
 def test_zero_stage_with_two_workers_matches_one(reference_run, tiny_llama, zero_stage, tmp_path):
-    c = start(tiny_llama, zero_stage, 2)
+    c = start(tiny_llama, zero_stage, 2, checkpoint_root=tmp_path)  # it saves the checkpoint it exports
     try:
         losses = train(c, reference_run["batch"])
         final = c.log_probs(reference_run["batch"])["log_probs"]

@@ -73,6 +73,8 @@ def weights_only_loads(engine) -> None:
             why = next((ln.strip() for ln in str(e).splitlines() if "Unsupported" in ln), str(e).splitlines()[0])
             raise ConfigError(f"refused to load {path}: it holds more than tensors and plain data ({why[:300]})") from None
 
+    if engine.checkpoint_engine is None:  # a ZeRO-3 engine without an optimizer (the reference) loads no checkpoint
+        return
     engine.checkpoint_engine.load = load
 
 
