@@ -46,9 +46,9 @@ def test_native_command_runs_as_given(tmp_path: Path) -> None:
 
 
 def test_every_recipe_ships_a_default_config_that_validates() -> None:
-    for recipe in ("text2sql", "longqa", "toy"):
-        config = launch.resolve_config(recipe, None)
-        assert config.endswith(f"recipes/{recipe}/configs/default.yaml")
+    for name in ("text2sql", "longqa", "toy"):
+        config = launch.resolve_config(name, None)
+        assert config.endswith(f"recipes/{name}/configs/default.yaml")
         launch.validate_run(config, ["train.steps=2"])
 
 

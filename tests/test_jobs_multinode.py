@@ -246,9 +246,8 @@ def test_framework_path_on_two_nodes(cluster, store: MlflowClient, tiny_llama: P
         pytest.fail("no .venv-skyrl: run scripts/setup_skyrl_env.sh (make test does)")
     arctic = "+actor_rollout_ref.arctic" if framework == "verl" else "+trainer.arctic"
     project = f"{framework}-2nodes"
-    name = "trainer.project_name" if framework == "verl" else "trainer.project_name"
     command = (f"bash {REPO}/recipes/{framework}/run_tiny.sh {tiny_llama} {arctic}.training_gpus=2 "
-               f"{arctic}.sampling_gpus=2 {name}={project}")
+               f"{arctic}.sampling_gpus=2 trainer.project_name={project}")
     env_out = {"verl": "VERL_OUT", "skyrl": "SKYRL_OUT"}[framework]
     os.environ[env_out] = str(tmp_path / "out")  # read by run_tiny.sh inside the job (sbatch exports the env)
     try:

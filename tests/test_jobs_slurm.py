@@ -10,7 +10,6 @@ Ray cluster, logs timing_s/* steps through Tracker and checkpoints/resumes). The
 tests/test_jobs_real_recipe.py and, on two hosts, tests/test_jobs_multinode.py.
 """
 
-import os
 import re
 import shutil
 import subprocess
