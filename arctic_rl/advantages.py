@@ -13,9 +13,10 @@ gives 0 instead; the registered `grpo` and `rloo` do not.)
 
 Legend: B sequences.
 """
+
 from __future__ import annotations
 
-from typing import Hashable, Sequence
+from collections.abc import Hashable, Sequence
 
 import torch
 
@@ -33,8 +34,7 @@ def _groups(scores_B: torch.Tensor, uids: Sequence[Hashable]) -> list[torch.Tens
     return [torch.tensor(r, dtype=torch.long, device=scores_B.device) for r in rows.values()]
 
 
-def grpo(scores_B: torch.Tensor, uids: Sequence[Hashable], norm_by_std: bool = True,
-         eps: float = 1e-6) -> torch.Tensor:
+def grpo(scores_B: torch.Tensor, uids: Sequence[Hashable], norm_by_std: bool = True, eps: float = 1e-6) -> torch.Tensor:
     """(score - group mean) / (group std + eps); Dr.GRPO (norm_by_std=False) skips the division.
 
     std is the unbiased (n - 1) one, as torch.std and verl use.

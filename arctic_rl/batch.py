@@ -17,9 +17,11 @@ Shapes legend: B rows, T = P + R total columns, P prompt columns, R response col
 Only the keys an op needs are required: `log_probs` needs input_ids, attention_mask, responses
 (and uid for ZoRRo); `forward_backward` also needs response_mask and what its loss reads.
 """
+
 from __future__ import annotations
 
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 import torch
 
@@ -66,8 +68,14 @@ def validate_batch(batch: Batch, required: Iterable[str] = LOG_PROBS_KEYS) -> tu
     P = T - R
     if P < 1:
         raise BatchError(f"batch has no prompt columns: input_ids is [B, {T}] and responses is [B, {R}]")
-    expect = {"attention_mask": (B, T), "position_ids": (B, T), "response_mask": (B, R),
-              "old_log_probs": (B, R), "ref_log_prob": (B, R), "rollout_log_probs": (B, R)}
+    expect = {
+        "attention_mask": (B, T),
+        "position_ids": (B, T),
+        "response_mask": (B, R),
+        "old_log_probs": (B, R),
+        "ref_log_prob": (B, R),
+        "rollout_log_probs": (B, R),
+    }
     for key, shape in expect.items():
         if key in batch and tuple(batch[key].shape) != shape:
             raise BatchError(f"batch[{key!r}] must have shape {list(shape)}, got {_shape(batch[key])}")
@@ -151,12 +159,18 @@ def from_samples(samples: list[dict], uids: list, pad_token_id: int = 0) -> Batc
     rlp = torch.zeros(B, R)
     for i, s in enumerate(samples):
         p, r = s["prompt_token_ids"], s["token_ids"]
-        ids[i, P - len(p):P] = torch.tensor(p, dtype=torch.long)
-        attn[i, P - len(p):P] = 1
+        ids[i, P - len(p) : P] = torch.tensor(p, dtype=torch.long)
+        attn[i, P - len(p) : P] = 1
         if r:
-            ids[i, P:P + len(r)] = torch.tensor(r, dtype=torch.long)
-            attn[i, P:P + len(r)] = 1
+            ids[i, P : P + len(r)] = torch.tensor(r, dtype=torch.long)
+            attn[i, P : P + len(r)] = 1
             if s.get("logprobs"):
-                rlp[i, :len(r)] = torch.tensor(s["logprobs"], dtype=torch.float32)
-    return {"input_ids": ids, "attention_mask": attn, "responses": ids[:, P:].clone(),
-            "response_mask": attn[:, P:].clone(), "rollout_log_probs": rlp, "uid": list(uids)}
+                rlp[i, : len(r)] = torch.tensor(s["logprobs"], dtype=torch.float32)
+    return {
+        "input_ids": ids,
+        "attention_mask": attn,
+        "responses": ids[:, P:].clone(),
+        "response_mask": attn[:, P:].clone(),
+        "rollout_log_probs": rlp,
+        "uid": list(uids),
+    }

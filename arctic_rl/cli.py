@@ -9,6 +9,7 @@
 
 Subcommands import their module only when run, so `arctic-rl --help` stays fast.
 """
+
 from __future__ import annotations
 
 import sys
@@ -46,21 +47,28 @@ def main(argv: list[str] | None = None) -> int:
         return _run(rest)
     if cmd == "serve":
         from arctic_rl.server.http import main as serve
+
         return serve(rest) or 0
     if cmd == "compare":
         from arctic_rl.compare import main as compare
+
         return compare(rest) or 0
     if cmd == "plan":
         from arctic_rl.plan import main as plan
+
         return plan(rest)
     if cmd == "export":
         from arctic_rl.export import main as export
+
         return export(rest) or 0
     if cmd == "demo-model":
         from arctic_rl.demo_model import main as demo_model
+
         return demo_model(rest) or 0
-    print(f"arctic-rl: unknown command {cmd!r}; expected one of run, serve, compare, plan, export, demo-model\nusage:\n{USAGE}",
-          file=sys.stderr)
+    print(
+        f"arctic-rl: unknown command {cmd!r}; expected one of run, serve, compare, plan, export, demo-model\nusage:\n{USAGE}",
+        file=sys.stderr,
+    )
     return 2
 
 

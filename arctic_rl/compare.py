@@ -33,9 +33,23 @@ from pathlib import Path
 from typing import Any
 
 from arctic_rl.tracking import (
-    BACKEND_ARCTIC, BACKEND_NATIVE, FRAMEWORK_ARCTIC, FRAMEWORK_SKYRL, FRAMEWORK_VERL, PERF_THROUGHPUT,
-    PERF_TOTAL_NUM_TOKENS, PHASES, SETUP_TAGS, TAG_BACKEND, TAG_FRAMEWORK, TAG_GPUS, TAG_MODEL, TAG_RECIPE,
-    TIMING_PREFIX, default_tracking_uri, save_figure,
+    BACKEND_ARCTIC,
+    BACKEND_NATIVE,
+    FRAMEWORK_ARCTIC,
+    FRAMEWORK_SKYRL,
+    FRAMEWORK_VERL,
+    PERF_THROUGHPUT,
+    PERF_TOTAL_NUM_TOKENS,
+    PHASES,
+    SETUP_TAGS,
+    TAG_BACKEND,
+    TAG_FRAMEWORK,
+    TAG_GPUS,
+    TAG_MODEL,
+    TAG_RECIPE,
+    TIMING_PREFIX,
+    default_tracking_uri,
+    save_figure,
 )
 
 # The order phases are shown in; log_probs is derived (see the module docstring).
@@ -63,8 +77,10 @@ PARAM_FALLBACKS: dict[str, tuple[str, ...]] = {
     "max_prompt_length": ("data/max_prompt_length", "trainer/max_prompt_length"),
     "max_response_length": ("data/max_response_length", "generator/sampling_params/max_generate_length"),
 }
-GPU_PARAMS = (("trainer/nnodes", "trainer/n_gpus_per_node"),
-              ("trainer/placement/policy_num_nodes", "trainer/placement/policy_num_gpus_per_node"))
+GPU_PARAMS = (
+    ("trainer/nnodes", "trainer/n_gpus_per_node"),
+    ("trainer/placement/policy_num_nodes", "trainer/placement/policy_num_gpus_per_node"),
+)
 UNKNOWN = "?"
 
 Series = dict[int, float]  # step -> value
@@ -222,11 +238,17 @@ def load_runs(experiments: Sequence[str], tracking_uri: str | None = None) -> li
             framework = infer_framework(tags, params, keys)
             setup = infer_setup(tags, params)
             phases = phase_histories(client, run.info.run_id, framework, keys)
-            runs.append(RunTimings(
-                run_id=run.info.run_id, recipe=tags.get(TAG_RECIPE, name), framework=framework,
-                backend=tags.get(TAG_BACKEND, BACKEND_NATIVE), setup=setup, phases=phases,
-                tokens=step_tokens(client, run.info.run_id, keys, phases, setup[TAG_GPUS]),
-            ))
+            runs.append(
+                RunTimings(
+                    run_id=run.info.run_id,
+                    recipe=tags.get(TAG_RECIPE, name),
+                    framework=framework,
+                    backend=tags.get(TAG_BACKEND, BACKEND_NATIVE),
+                    setup=setup,
+                    phases=phases,
+                    tokens=step_tokens(client, run.info.run_id, keys, phases, setup[TAG_GPUS]),
+                )
+            )
     return runs
 
 
@@ -252,12 +274,18 @@ def summarize(runs: Sequence[RunTimings], skip_steps: int = 1) -> list[GroupRow]
                 kept = _measured(series, skip_steps)
                 seconds[phase] += kept.values()
                 rates[phase] += [run.tokens[s] / v for s, v in kept.items() if s in run.tokens and v > 0]
-        rows.append(GroupRow(
-            recipe=recipe, setup=setup, framework=framework, backend=backend, num_runs=len(members),
-            seconds={p: Spread.of(v) for p, v in seconds.items() if v},
-            tokens_per_s={p: Spread.of(v) for p, v in rates.items() if v},
-            num_steps=max((len(v) for v in seconds.values()), default=0),
-        ))
+        rows.append(
+            GroupRow(
+                recipe=recipe,
+                setup=setup,
+                framework=framework,
+                backend=backend,
+                num_runs=len(members),
+                seconds={p: Spread.of(v) for p, v in seconds.items() if v},
+                tokens_per_s={p: Spread.of(v) for p, v in rates.items() if v},
+                num_steps=max((len(v) for v in seconds.values()), default=0),
+            )
+        )
     return rows
 
 
@@ -287,11 +315,14 @@ def refusals(rows: Sequence[GroupRow]) -> list[str]:
         if baseline_for(row, rows) is not None:
             continue
         for framework in baseline_frameworks(row):
-            others = [r for r in rows if r.recipe == row.recipe and r.framework == framework
-                      and r.backend == BACKEND_NATIVE]
+            others = [
+                r for r in rows if r.recipe == row.recipe and r.framework == framework and r.backend == BACKEND_NATIVE
+            ]
             for other in others:
-                lines.append(f"not comparing {row.label} with {other.label} on {row.recipe}: setups differ in "
-                             + "; ".join(setup_differences(row, other)))
+                lines.append(
+                    f"not comparing {row.label} with {other.label} on {row.recipe}: setups differ in "
+                    + "; ".join(setup_differences(row, other))
+                )
             if others:
                 break
     return lines
@@ -340,8 +371,21 @@ def format_table(rows: Sequence[GroupRow]) -> str:
     return "\n".join(lines)
 
 
-CSV_COLUMNS = ["recipe", *SETUP_FIELDS, "framework", "backend", "phase", "median_s", "iqr_s", "median_tokens_per_s",
-               "iqr_tokens_per_s", "num_runs", "num_steps", "baseline", "speedup"]
+CSV_COLUMNS = [
+    "recipe",
+    *SETUP_FIELDS,
+    "framework",
+    "backend",
+    "phase",
+    "median_s",
+    "iqr_s",
+    "median_tokens_per_s",
+    "iqr_tokens_per_s",
+    "num_runs",
+    "num_steps",
+    "baseline",
+    "speedup",
+]
 
 
 def write_csv(rows: Sequence[GroupRow], path: Path) -> None:
@@ -357,10 +401,23 @@ def write_csv(rows: Sequence[GroupRow], path: Path) -> None:
                     if phase not in r.seconds:
                         continue
                     s, t = r.seconds[phase], r.tokens_per_s.get(phase)
-                    writer.writerow([r.recipe, *(v for _, v in r.setup), r.framework, r.backend, phase,
-                                     f"{s.median:.6g}", f"{s.iqr:.6g}", f"{t.median:.6g}" if t else "",
-                                     f"{t.iqr:.6g}" if t else "", r.num_runs, r.num_steps,
-                                     base.label if base else "", f"{ups[phase]:.4g}" if phase in ups else ""])
+                    writer.writerow(
+                        [
+                            r.recipe,
+                            *(v for _, v in r.setup),
+                            r.framework,
+                            r.backend,
+                            phase,
+                            f"{s.median:.6g}",
+                            f"{s.iqr:.6g}",
+                            f"{t.median:.6g}" if t else "",
+                            f"{t.iqr:.6g}" if t else "",
+                            r.num_runs,
+                            r.num_steps,
+                            base.label if base else "",
+                            f"{ups[phase]:.4g}" if phase in ups else "",
+                        ]
+                    )
     tmp.replace(path)
 
 
@@ -382,15 +439,22 @@ def write_png(rows: Sequence[GroupRow], path: Path) -> None:
                 spreads = [getattr(r, attr).get(p) for p in phases]
                 xs = [j + i * bar_w for j in range(len(phases))]
                 heights = [s.median if s else 0.0 for s in spreads]
-                err = [[s.median - s.q1 if s else 0.0 for s in spreads],
-                       [s.q3 - s.median if s else 0.0 for s in spreads]]
+                err = [
+                    [s.median - s.q1 if s else 0.0 for s in spreads],
+                    [s.q3 - s.median if s else 0.0 for s in spreads],
+                ]
                 bars = ax.bar(xs, heights, bar_w, yerr=err, capsize=2, label=r.label)
                 base = baseline_for(r, group)
                 ups = speedups(r, base) if base and attr == "seconds" else {}
                 for bar, phase, spread in zip(bars, phases, spreads):
                     if phase in ups:  # above the whisker
-                        ax.annotate(f"{ups[phase]:.2f}x", (bar.get_x() + bar.get_width() / 2, spread.q3),
-                                    ha="center", va="bottom", fontsize=7)
+                        ax.annotate(
+                            f"{ups[phase]:.2f}x",
+                            (bar.get_x() + bar.get_width() / 2, spread.q3),
+                            ha="center",
+                            va="bottom",
+                            fontsize=7,
+                        )
             ax.set_xticks([j + 0.4 - bar_w / 2 for j in range(len(phases))], phases, rotation=20)
             ax.set_ylabel(f"median {unit} (whiskers: IQR)")
             ax.legend(fontsize=8)
@@ -401,7 +465,9 @@ def write_png(rows: Sequence[GroupRow], path: Path) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="arctic-rl compare", description=__doc__.split("\n")[0])
-    p.add_argument("--experiment", action="append", required=True, help="MLflow experiment (one per recipe); repeatable")
+    p.add_argument(
+        "--experiment", action="append", required=True, help="MLflow experiment (one per recipe); repeatable"
+    )
     p.add_argument("--tracking-uri", help="default: MLFLOW_TRACKING_URI, else sqlite runs/mlflow.db here")
     p.add_argument("--out", help="folder for compare.csv and compare.png (default runs/compare/<experiments>)")
     p.add_argument("--skip-steps", type=int, default=1, help="warm-up steps dropped from each run (default 1)")
@@ -430,8 +496,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     write_csv(rows, out / "compare.csv")
     write_png(rows, out / "compare.png")
     num_speedups = sum(1 for group in comparable_sets(rows) for r in group if baseline_for(r, group))
-    print(f"\ncompared {len(runs)} run(s) in {len(rows)} group(s), {num_speedups} with a native baseline of the same "
-          f"setup, {len(refused)} refused (setups differ); wrote {out / 'compare.csv'} and {out / 'compare.png'}")
+    print(
+        f"\ncompared {len(runs)} run(s) in {len(rows)} group(s), {num_speedups} with a native baseline of the same "
+        f"setup, {len(refused)} refused (setups differ); wrote {out / 'compare.csv'} and {out / 'compare.png'}"
+    )
     return 0
 
 

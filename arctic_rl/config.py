@@ -3,15 +3,15 @@
 On a machine without GPUs the engines run on CPU and every `*_gpus` count is the number of worker
 processes of that engine (DeepSpeed data-parallel ranks, vLLM replicas, log-prob workers).
 """
+
 from __future__ import annotations
 
 import json
 import os
 import uuid
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Any, Literal
-
-from contextvars import ContextVar
 
 from pydantic import Field, ValidationError, field_validator, model_validator
 
@@ -70,19 +70,26 @@ class TrainingConfig(Strict):
 
 
 class VLLMConfig(Strict):
-    max_seq_len: int | None = Field(None, ge=16, description="None: the model's window (max_position_embeddings "
-                                    "after model_overrides), at most MAX_DEFAULT_SEQ_LEN")
+    max_seq_len: int | None = Field(
+        None,
+        ge=16,
+        description="None: the model's window (max_position_embeddings "
+        "after model_overrides), at most MAX_DEFAULT_SEQ_LEN",
+    )
     tensor_parallel_size: int = Field(1, ge=1)
     gpu_memory_utilization: float = Field(0.5, gt=0, le=1)
     enforce_eager: bool = True
     dtype: Literal["auto", "bfloat16", "float16", "float32"] = Field(
-        "auto", description="'auto': training_config.dtype (the sampler samples the policy being trained)")
+        "auto", description="'auto': training_config.dtype (the sampler samples the policy being trained)"
+    )
     max_num_seqs: int = Field(256, ge=1)
     enable_prefix_caching: bool = True
     weight_sync: Literal["reload", "nccl", "ipc"] = Field(
-        "reload", description="'reload': gathered state dict -> vLLM reload_weights (any device); "
-                              "'nccl': trainer rank 0 broadcasts into the vLLM workers (CUDA, split placement); "
-                              "'ipc': CUDA IPC handles read in place (CUDA, colocated)")
+        "reload",
+        description="'reload': gathered state dict -> vLLM reload_weights (any device); "
+        "'nccl': trainer rank 0 broadcasts into the vLLM workers (CUDA, split placement); "
+        "'ipc': CUDA IPC handles read in place (CUDA, colocated)",
+    )
     cpu_kvcache_space_gb: float = Field(1.0, gt=0, description="CPU only: KV cache size (VLLM_CPU_KVCACHE_SPACE)")
     engine_kwargs: dict[str, Any] = Field(default_factory=dict, description="passed to vllm.LLM as is")
 
@@ -110,24 +117,41 @@ JOB_DIR_ENV = "ARCTIC_RL_JOB_DIR"  # set by jobs/ for every process of a job
 class ServerConfig(Strict):
     """What requests may do on the server (see README, "Security model"). Fixed when the deployment
     starts: a client that attaches to a running deployment cannot change it."""
-    loss_modules: list[str] = Field(default_factory=list, description=(
-        "modules the server imports at start (controller and training workers); the losses and post-"
-        "processors they register with @register_loss_fn / @register_post_processor can be named in requests"))
-    allow_imports: bool = Field(False, description=(
-        "requests may name a loss or post-processor by dotted path ('pkg.mod:fn'), which imports any module "
-        "the server can import: anyone who may call the server can run code on it. `arctic-rl serve "
-        "--allow-imports` sets it"))
-    checkpoint_root: str | None = Field(None, description=(
-        "save_checkpoint / load_checkpoint take paths under this folder only (relative paths are taken under "
-        "it). None: $ARCTIC_RL_JOB_DIR, else ./runs of the process that starts the deployment"))
+
+    loss_modules: list[str] = Field(
+        default_factory=list,
+        description=(
+            "modules the server imports at start (controller and training workers); the losses and post-"
+            "processors they register with @register_loss_fn / @register_post_processor can be named in requests"
+        ),
+    )
+    allow_imports: bool = Field(
+        False,
+        description=(
+            "requests may name a loss or post-processor by dotted path ('pkg.mod:fn'), which imports any module "
+            "the server can import: anyone who may call the server can run code on it. `arctic-rl serve "
+            "--allow-imports` sets it"
+        ),
+    )
+    checkpoint_root: str | None = Field(
+        None,
+        description=(
+            "save_checkpoint / load_checkpoint take paths under this folder only (relative paths are taken under "
+            "it). None: $ARCTIC_RL_JOB_DIR, else ./runs of the process that starts the deployment"
+        ),
+    )
     max_n: int = Field(256, ge=1, description="largest sampling_params['n'] a generate request may ask for")
-    max_tokens: int | None = Field(None, ge=1, description=(
-        "largest sampling_params['max_tokens']; None: vllm_config.max_seq_len"))
-    max_batch_rows: int = Field(16384, ge=1, description=(
-        "most rows in one request: batch rows, generate's prompts x n, sampler_log_probs' sequences"))
+    max_tokens: int | None = Field(
+        None, ge=1, description=("largest sampling_params['max_tokens']; None: vllm_config.max_seq_len")
+    )
+    max_batch_rows: int = Field(
+        16384,
+        ge=1,
+        description=("most rows in one request: batch rows, generate's prompts x n, sampler_log_probs' sequences"),
+    )
     max_body_bytes: int = Field(1 << 30, ge=1024, description="largest HTTP request body")
 
-    def resolved(self) -> "ServerConfig":
+    def resolved(self) -> ServerConfig:
         """checkpoint_root as an absolute path, its default filled in (run where the deployment starts)."""
         root = self.checkpoint_root or os.environ.get(JOB_DIR_ENV) or str(Path.cwd() / "runs")
         return self.model_copy(update={"checkpoint_root": str(Path(root).expanduser().resolve())})
@@ -151,15 +175,21 @@ class ArcticRLClientConfig(Strict):
     # Never serialized (to_json / model_dump leave it out) nor shown by repr: configs travel in command
     # lines, Ray actor arguments, deployment records, checkpoints and MLflow params. The token travels
     # by the ARCTIC_RL_TOKEN environment variable (or `arctic-rl serve --token-file`).
-    auth_token: str | None = Field(default_factory=lambda: os.environ.get(TOKEN_ENV) or None, exclude=True, repr=False,
-                                   description="bearer token (default: $ARCTIC_RL_TOKEN); required when host is not "
-                                               "loopback")
+    auth_token: str | None = Field(
+        default_factory=lambda: os.environ.get(TOKEN_ENV) or None,
+        exclude=True,
+        repr=False,
+        description="bearer token (default: $ARCTIC_RL_TOKEN); required when host is not loopback",
+    )
     ray_address: str | None = Field(None, description="None: RAY_ADDRESS env, else a local Ray")
     seed: int = 0
     job_id: str | None = Field(None, description="set to re-attach to running engines")
-    server_python: str | None = Field(None, description="the interpreter that runs `python -m arctic_rl.server` "
-                                      "(an environment with DeepSpeed and vLLM); None = this one. A framework in "
-                                      "its own environment (SkyRL: Python 3.12, Ray 2.51) uses http with this")
+    server_python: str | None = Field(
+        None,
+        description="the interpreter that runs `python -m arctic_rl.server` "
+        "(an environment with DeepSpeed and vLLM); None = this one. A framework in "
+        "its own environment (SkyRL: Python 3.12, Ray 2.51) uses http with this",
+    )
     request_timeout_s: float = Field(3600.0, gt=0)
     server: ServerConfig = ServerConfig()
 
@@ -175,22 +205,26 @@ class ArcticRLClientConfig(Strict):
     def _check(self):
         if self.server_python is not None:
             if self.comm_protocol != "http":
-                raise ValueError(f"server_python={self.server_python!r} needs comm_protocol='http' (a Ray driver "
-                                 f"must run the cluster's own Python and Ray versions)")
+                raise ValueError(
+                    f"server_python={self.server_python!r} needs comm_protocol='http' (a Ray driver "
+                    f"must run the cluster's own Python and Ray versions)"
+                )
             if not os.access(Path(self.server_python).expanduser(), os.X_OK):
                 raise ValueError(f"server_python={self.server_python!r} is not an executable file")
         # A config read back from JSON never holds the token (it is not serialized); the server checks
         # the token it was given when it starts (arctic_rl.server.http.main).
-        if (self.host not in LOOPBACK and not self.auth_token and self.comm_protocol == "http"
-                and not _FROM_JSON.get()):
+        if self.host not in LOOPBACK and not self.auth_token and self.comm_protocol == "http" and not _FROM_JSON.get():
             raise ValueError(f"host={self.host!r} is not loopback: set auth_token to require a bearer token")
         if self.vllm_config.weight_sync == "ipc" and not self.colocate:
-            raise ValueError("vllm_config.weight_sync='ipc' shares GPU memory in place: it needs colocate=True "
-                             "(use 'nccl' for split placement)")
+            raise ValueError(
+                "vllm_config.weight_sync='ipc' shares GPU memory in place: it needs colocate=True "
+                "(use 'nccl' for split placement)"
+            )
         tp = self.vllm_config.tensor_parallel_size
         if self.sampling_gpus % tp:
-            raise ValueError(f"sampling_gpus={self.sampling_gpus} is not a multiple of "
-                             f"vllm_config.tensor_parallel_size={tp}")
+            raise ValueError(
+                f"sampling_gpus={self.sampling_gpus} is not a multiple of vllm_config.tensor_parallel_size={tp}"
+            )
         self._fit_max_seq_len()
         return self
 
@@ -203,10 +237,12 @@ class ArcticRLClientConfig(Strict):
             # Set on the nested model: assigning self.vllm_config would re-run this validator.
             vc.max_seq_len = UNKNOWN_WINDOW_SEQ_LEN if window is None else min(window, MAX_DEFAULT_SEQ_LEN)
         elif window is not None and vc.max_seq_len > window:
-            raise ValueError(f"vllm_config.max_seq_len={vc.max_seq_len} is longer than the model's window "
-                             f"(max_position_embeddings={window} in {self.model_name}/config.json"
-                             f"{' after model_overrides' if self.model_overrides else ''}): lower it or widen "
-                             f"the window with model_overrides (e.g. YaRN rope scaling)")
+            raise ValueError(
+                f"vllm_config.max_seq_len={vc.max_seq_len} is longer than the model's window "
+                f"(max_position_embeddings={window} in {self.model_name}/config.json"
+                f"{' after model_overrides' if self.model_overrides else ''}): lower it or widen "
+                f"the window with model_overrides (e.g. YaRN rope scaling)"
+            )
 
     def __init__(self, **data: Any):
         try:
@@ -222,7 +258,7 @@ class ArcticRLClientConfig(Strict):
         return self.model_dump_json()
 
     @classmethod
-    def from_json(cls, s: str) -> "ArcticRLClientConfig":
+    def from_json(cls, s: str) -> ArcticRLClientConfig:
         """A config from to_json's output (which holds no auth_token)."""
         token = _FROM_JSON.set(True)
         try:
@@ -231,20 +267,20 @@ class ArcticRLClientConfig(Strict):
             _FROM_JSON.reset(token)
 
     @classmethod
-    def reconnect_config(cls, job_id: str | None = None) -> "ArcticRLClientConfig":
+    def reconnect_config(cls, job_id: str | None = None) -> ArcticRLClientConfig:
         """Rebuild the config of a running deployment from what it recorded (the latest one, or
         `job_id`), for a driver that restarted without the old config object."""
         d = state_dir()
         path = d / f"{job_id}.json" if job_id else d / "latest.json"
         if not path.exists():
-            raise ConfigError(f"no running arctic-rl deployment recorded at {path}"
-                              + ("" if job_id else " (start one with create_arctic_rl_client first)"))
+            raise ConfigError(
+                f"no running arctic-rl deployment recorded at {path}"
+                + ("" if job_id else " (start one with create_arctic_rl_client first)")
+            )
         return cls.from_json(path.read_text())
 
-    def with_new_job_id(self) -> "ArcticRLClientConfig":
+    def with_new_job_id(self) -> ArcticRLClientConfig:
         return self.model_copy(update={"job_id": uuid.uuid4().hex[:12]})
-
-
 
 
 def _local_hf_config(model_name: str) -> dict | None:
@@ -254,6 +290,7 @@ def _local_hf_config(model_name: str) -> dict | None:
     if not path.is_file():
         try:
             from huggingface_hub import try_to_load_from_cache
+
             cached = try_to_load_from_cache(model_name, "config.json")
         except Exception:  # not a valid repo id, or no huggingface_hub in this environment
             return None

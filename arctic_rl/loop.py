@@ -26,6 +26,7 @@ SFT warm-up (sft_warmup.epochs > 0, fresh runs only): eval, supervised passes ov
 with the sft loss and the run's optimizer, sync, then the GRPO steps above.
 Departures from verl: mini-batches are not reshuffled between PPO epochs; no critic.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -75,13 +76,19 @@ class EvalResult:
 def evaluate(client: ArcticRLClient, recipe, examples: list[dict], tokenizer, cfg: RunConfig) -> EvalResult:
     """Greedy decoding over `examples`; accuracy = share whose reward reaches full credit (>= 1)."""
     t0 = time.perf_counter()
-    params = {"n": 1, "max_tokens": cfg.eval.max_tokens or cfg.sampling.max_tokens, "temperature": 0.0,
-              "stop": list(cfg.sampling.stop)}
+    params = {
+        "n": 1,
+        "max_tokens": cfg.eval.max_tokens or cfg.sampling.max_tokens,
+        "temperature": 0.0,
+        "stop": list(cfg.sampling.stop),
+    }
     samples = client.generate([prompt_ids(tokenizer, ex) for ex in examples], params)
-    rewards = score_all(recipe.reward, [ex.get("assistant_prefix", "") + s["text"] for s, ex in zip(samples, examples)],
-                        examples)
-    return EvalResult(float(np.mean([r >= 1.0 for r in rewards])), float(np.mean(rewards)), len(examples),
-                      time.perf_counter() - t0)
+    rewards = score_all(
+        recipe.reward, [ex.get("assistant_prefix", "") + s["text"] for s, ex in zip(samples, examples)], examples
+    )
+    return EvalResult(
+        float(np.mean([r >= 1.0 for r in rewards])), float(np.mean(rewards)), len(examples), time.perf_counter() - t0
+    )
 
 
 @dataclass
@@ -126,8 +133,9 @@ def latest_checkpoint(root: Path) -> Path | None:
     """The complete step_K folder with the largest K (complete = loop_state.json was written)."""
     if not root.is_dir():
         return None
-    done = [(int(m.group(1)), p) for p in root.iterdir() if (m := _STEP_DIR.match(p.name))
-            and (p / STATE_FILE).is_file()]
+    done = [
+        (int(m.group(1)), p) for p in root.iterdir() if (m := _STEP_DIR.match(p.name)) and (p / STATE_FILE).is_file()
+    ]
     return max(done)[1] if done else None
 
 
@@ -146,11 +154,17 @@ def save_checkpoint(client: ArcticRLClient, root: Path, state: LoopState) -> Pat
     path = (root / f"step_{state.step}").resolve()
     client.save_checkpoint(str(path))
     np_state = np.random.get_state()
-    payload = {"step": state.step, "run_id": state.run_id, "rewards": state.rewards,
-               "unlogged": {str(k): v for k, v in state.unlogged.items()},
-               "rng": {"python": _jsonable(random.getstate()),
-                       "numpy": [np_state[0], np_state[1].tolist(), *np_state[2:]],
-                       "torch": torch.get_rng_state().tolist()}}
+    payload = {
+        "step": state.step,
+        "run_id": state.run_id,
+        "rewards": state.rewards,
+        "unlogged": {str(k): v for k, v in state.unlogged.items()},
+        "rng": {
+            "python": _jsonable(random.getstate()),
+            "numpy": [np_state[0], np_state[1].tolist(), *np_state[2:]],
+            "torch": torch.get_rng_state().tolist(),
+        },
+    }
     tmp = path / f".{STATE_FILE}.{os.getpid()}.tmp"
     tmp.write_text(json.dumps(payload))
     tmp.replace(path / STATE_FILE)  # last: its presence marks the checkpoint complete
@@ -165,8 +179,12 @@ def load_checkpoint(client: ArcticRLClient, path: Path) -> LoopState:
     random.setstate(_tupled(rng["python"]))
     np.random.set_state((rng["numpy"][0], np.array(rng["numpy"][1], dtype=np.uint32), *rng["numpy"][2:]))
     torch.set_rng_state(torch.tensor(rng["torch"], dtype=torch.uint8))
-    return LoopState(step=int(payload["step"]), run_id=payload.get("run_id"), rewards=list(payload["rewards"]),
-                     unlogged={int(k): v for k, v in payload.get("unlogged", {}).items()})
+    return LoopState(
+        step=int(payload["step"]),
+        run_id=payload.get("run_id"),
+        rewards=list(payload["rewards"]),
+        unlogged={int(k): v for k, v in payload.get("unlogged", {}).items()},
+    )
 
 
 def flush_metrics(tracker: tracking.Tracker, state: LoopState) -> None:
@@ -196,11 +214,15 @@ def run_setup(cfg: RunConfig, client: ArcticRLClient, num_gpus: int) -> dict[str
     the verl and SkyRL runs of the same job."""
     engines = client.health().get("engines", {})
     nodes = len({e["node_id"] for e in engines.values() if e.get("node_id")}) or 1
-    setup = {tracking.TAG_MODEL: cfg.model.name_or_path, tracking.TAG_NODES: str(nodes),
-             tracking.TAG_GPUS: str(num_gpus),
-             tracking.TAG_PROMPTS_PER_STEP: str(cfg.train.prompts_per_step), tracking.TAG_N: str(cfg.sampling.n),
-             tracking.TAG_MAX_PROMPT_LENGTH: str(client.config.vllm_config.max_seq_len - cfg.sampling.max_tokens),
-             tracking.TAG_MAX_RESPONSE_LENGTH: str(cfg.sampling.max_tokens)}
+    setup = {
+        tracking.TAG_MODEL: cfg.model.name_or_path,
+        tracking.TAG_NODES: str(nodes),
+        tracking.TAG_GPUS: str(num_gpus),
+        tracking.TAG_PROMPTS_PER_STEP: str(cfg.train.prompts_per_step),
+        tracking.TAG_N: str(cfg.sampling.n),
+        tracking.TAG_MAX_PROMPT_LENGTH: str(client.config.vllm_config.max_seq_len - cfg.sampling.max_tokens),
+        tracking.TAG_MAX_RESPONSE_LENGTH: str(cfg.sampling.max_tokens),
+    }
     from_env = {tag for env, tag in tracking.ENV_DEFAULT_TAGS.items() if os.environ.get(env)}
     return {k: v for k, v in setup.items() if k not in from_env}
 
@@ -209,6 +231,7 @@ def open_tracker(cfg: RunConfig, run_id: str | None, setup: dict[str, str] | Non
     """Continues the run a checkpoint names (same tracking store), else starts one."""
     if run_id:
         from mlflow.tracking import MlflowClient
+
         mc = MlflowClient(tracking_uri=tracking.default_tracking_uri())
         try:
             run = mc.get_run(run_id)
@@ -216,11 +239,20 @@ def open_tracker(cfg: RunConfig, run_id: str | None, setup: dict[str, str] | Non
             return tracking.Tracker(mc, run_id, run.info.experiment_id)
         except Exception:  # the store moved (another MLFLOW_TRACKING_URI): keep going in a new run
             pass
-    tags = {tracking.TAG_FRAMEWORK: tracking.FRAMEWORK_ARCTIC, tracking.TAG_BACKEND: tracking.BACKEND_ARCTIC,
-            tracking.TAG_RECIPE: cfg.recipe.name, tracking.TAG_MODEL: cfg.model.name_or_path, **(setup or {}),
-            **cfg.tracking.tags}
-    return tracking.Tracker.start(cfg.tracking.experiment or cfg.recipe.name, run_name=cfg.tracking.run_name,
-                                  tags=tags, params=cfg.model_dump(by_alias=True, mode="json"))
+    tags = {
+        tracking.TAG_FRAMEWORK: tracking.FRAMEWORK_ARCTIC,
+        tracking.TAG_BACKEND: tracking.BACKEND_ARCTIC,
+        tracking.TAG_RECIPE: cfg.recipe.name,
+        tracking.TAG_MODEL: cfg.model.name_or_path,
+        **(setup or {}),
+        **cfg.tracking.tags,
+    }
+    return tracking.Tracker.start(
+        cfg.tracking.experiment or cfg.recipe.name,
+        run_name=cfg.tracking.run_name,
+        tags=tags,
+        params=cfg.model_dump(by_alias=True, mode="json"),
+    )
 
 
 # -- one step ------------------------------------------------------------------------------------------------
@@ -271,13 +303,17 @@ class EngineSleep:
             self.asleep.discard(engine)
 
 
-def train_step(cfg: RunConfig, client: ArcticRLClient, recipe, rollout: Rollout, pad_id: int,
-               before_sync) -> dict[str, float]:
+def train_step(
+    cfg: RunConfig, client: ArcticRLClient, recipe, rollout: Rollout, pad_id: int, before_sync
+) -> dict[str, float]:
     n = cfg.sampling.n
     t: dict[str, float] = {"gen": rollout.wait_s}
     t0 = time.perf_counter()
-    completions = [ex.get("assistant_prefix", "") + s["text"]
-                   for i, ex in enumerate(rollout.examples) for s in rollout.samples[i * n:(i + 1) * n]]
+    completions = [
+        ex.get("assistant_prefix", "") + s["text"]
+        for i, ex in enumerate(rollout.examples)
+        for s in rollout.samples[i * n : (i + 1) * n]
+    ]
     examples_B = [ex for ex in rollout.examples for _ in range(n)]
     scores_B = torch.tensor(score_all(recipe.reward, completions, examples_B))
     t["reward"] = time.perf_counter() - t0
@@ -305,7 +341,7 @@ def train_step(cfg: RunConfig, client: ArcticRLClient, recipe, rollout: Rollout,
     actor: dict[str, list[float]] = {}
     for _ in range(cfg.train.ppo_epochs):
         for g in range(0, len(groups), per_mb):
-            mini = select_rows(batch, [r for grp in groups[g:g + per_mb] for r in grp])
+            mini = select_rows(batch, [r for grp in groups[g : g + per_mb] for r in grp])
             out = client.forward_backward(mini, cfg.loss.name, loss_config)
             opt = client.optimizer_step()
             for k, v in {**out, "actor/grad_norm": opt["grad_norm"], "actor/lr": opt["lr"]}.items():
@@ -335,8 +371,15 @@ def stage_options(cfg: RunConfig, overrides: dict) -> dict:
 
 
 # -- the SFT warm-up stage -----------------------------------------------------------------------------------
-def sft_warmup(cfg: RunConfig, client: ArcticRLClient, recipe, tokenizer, pad_id: int, tracker: tracking.Tracker,
-               quiet: bool = False) -> dict[str, float]:
+def sft_warmup(
+    cfg: RunConfig,
+    client: ArcticRLClient,
+    recipe,
+    tokenizer,
+    pad_id: int,
+    tracker: tracking.Tracker,
+    quiet: bool = False,
+) -> dict[str, float]:
     """Supervised passes over the recipe's reference completions (sft loss, the run's optimizer), then a
     weight sync, so that GRPO starts from a policy that already knows the answer format. Metrics go to
     MLflow as sft/* with their own step count (1..epochs x batches)."""
@@ -344,18 +387,20 @@ def sft_warmup(cfg: RunConfig, client: ArcticRLClient, recipe, tokenizer, pad_id
 
     w = cfg.sft_warmup
     if not callable(getattr(recipe, "sft_completion", None)):
-        raise ConfigError(f"sft_warmup.epochs={w.epochs}: recipe {cfg.recipe.name!r} has no "
-                          f"sft_completion(example) to train on")
+        raise ConfigError(
+            f"sft_warmup.epochs={w.epochs}: recipe {cfg.recipe.name!r} has no sft_completion(example) to train on"
+        )
     options = stage_options(cfg, w.options)
-    examples = recipe.load_examples(w.split, **options)[:w.limit]
+    examples = recipe.load_examples(w.split, **options)[: w.limit]
     pairs = []
     for ex in examples:
         text = recipe.sft_completion(ex)
         if text:  # None: the example's answer cannot continue its assistant_prefix
             pairs.append((prompt_ids(tokenizer, ex), tokenizer(text, add_special_tokens=False)["input_ids"]))
     if not pairs:
-        raise ConfigError(f"sft_warmup: recipe {cfg.recipe.name!r} gave no completions for split {w.split!r} "
-                          f"with options {options}")
+        raise ConfigError(
+            f"sft_warmup: recipe {cfg.recipe.name!r} gave no completions for split {w.split!r} with options {options}"
+        )
     t0 = time.perf_counter()
     per_epoch = -(-len(pairs) // w.batch_size)
     bar = tqdm(total=w.epochs * per_epoch, desc="sft warm-up", unit="step", disable=quiet)
@@ -364,33 +409,48 @@ def sft_warmup(cfg: RunConfig, client: ArcticRLClient, recipe, tokenizer, pad_id
     for epoch in range(w.epochs):
         order = _epoch_order(cfg.seed + 7919, epoch, len(pairs))  # its own stream, not the GRPO order
         for b in range(0, len(pairs), w.batch_size):
-            idx = [int(i) for i in order[b:b + w.batch_size]]
+            idx = [int(i) for i in order[b : b + w.batch_size]]
             samples = [{"prompt_token_ids": pairs[i][0], "token_ids": pairs[i][1]} for i in idx]
             batch = from_samples(samples, [f"sft-{epoch}-{i}" for i in idx], pad_token_id=pad_id)
             out = client.forward_backward(batch, "sft", {"loss_agg_mode": "token-mean"})
             opt = client.optimizer_step()
             step += 1
             losses.append(float(out["actor/sft_loss"]))
-            tracker.log_metrics({"sft/loss": losses[-1], "sft/grad_norm": opt["grad_norm"], "sft/lr": opt["lr"],
-                                 "sft/epoch": float(epoch)}, step=step)
+            tracker.log_metrics(
+                {
+                    "sft/loss": losses[-1],
+                    "sft/grad_norm": opt["grad_norm"],
+                    "sft/lr": opt["lr"],
+                    "sft/epoch": float(epoch),
+                },
+                step=step,
+            )
             bar.update(1)
             bar.set_postfix(loss=f"{losses[-1]:.3f}")
     bar.close()
     client.sync_weights()
     first, last = losses[:per_epoch], losses[-per_epoch:]
-    summary = {"sft/loss_first_epoch": float(np.mean(first)), "sft/loss_last_epoch": float(np.mean(last)),
-               "sft/examples": float(len(pairs)), "timing_s/sft": time.perf_counter() - t0}
+    summary = {
+        "sft/loss_first_epoch": float(np.mean(first)),
+        "sft/loss_last_epoch": float(np.mean(last)),
+        "sft/examples": float(len(pairs)),
+        "timing_s/sft": time.perf_counter() - t0,
+    }
     tracker.log_metrics(summary, step=0)
     if not quiet:
-        print(f"sft warm-up: {len(pairs)} examples x {w.epochs} epochs = {step} optimizer steps | loss first epoch "
-              f"{summary['sft/loss_first_epoch']:.3f} -> last {summary['sft/loss_last_epoch']:.3f} | "
-              f"{summary['timing_s/sft']:.0f}s", flush=True)
+        print(
+            f"sft warm-up: {len(pairs)} examples x {w.epochs} epochs = {step} optimizer steps | loss first epoch "
+            f"{summary['sft/loss_first_epoch']:.3f} -> last {summary['sft/loss_last_epoch']:.3f} | "
+            f"{summary['timing_s/sft']:.0f}s",
+            flush=True,
+        )
     return summary
 
 
 # -- the run -------------------------------------------------------------------------------------------------
-def run(cfg: RunConfig, client: ArcticRLClient | None = None, *, stop_after: int | None = None,
-        quiet: bool = False) -> RunResult:
+def run(
+    cfg: RunConfig, client: ArcticRLClient | None = None, *, stop_after: int | None = None, quiet: bool = False
+) -> RunResult:
     """Runs steps up to train.steps (or `stop_after`, to simulate a stop). A given client is used and left
     running; otherwise one is deployed for cfg and shut down at the end."""
     from tqdm import tqdm
@@ -415,26 +475,35 @@ def run(cfg: RunConfig, client: ArcticRLClient | None = None, *, stop_after: int
     ckpt_root.mkdir(parents=True, exist_ok=True)
     resume = resume_path(cfg)
     state = load_checkpoint(client, resume) if resume else LoopState()
-    num_gpus = client.config.training_gpus + (0 if client.config.colocate else
-                                              client.config.sampling_gpus + client.config.log_prob_gpus)
+    num_gpus = client.config.training_gpus + (
+        0 if client.config.colocate else client.config.sampling_gpus + client.config.log_prob_gpus
+    )
     tracker = open_tracker(cfg, state.run_id, None if state.run_id else run_setup(cfg, client, num_gpus))
     state.run_id = tracker.run_id
     tracker.set_tags(tracking.placement_tags(client.health()))
     flush_metrics(tracker, state)
     last = min(cfg.train.steps, stop_after or cfg.train.steps)
 
-    sampling = {"n": cfg.sampling.n, "max_tokens": cfg.sampling.max_tokens, "temperature": cfg.sampling.temperature,
-                "top_p": cfg.sampling.top_p, "stop": list(cfg.sampling.stop)}
+    sampling = {
+        "n": cfg.sampling.n,
+        "max_tokens": cfg.sampling.max_tokens,
+        "temperature": cfg.sampling.temperature,
+        "top_p": cfg.sampling.top_p,
+        "stop": list(cfg.sampling.stop),
+    }
 
     def make_request(step: int) -> Request:
         exs = [examples[i] for i in step_indices(step, len(examples), cfg.train.prompts_per_step, cfg.seed)]
         return [prompt_ids(tokenizer, ex) for ex in exs], {**sampling, "seed": step_seed(cfg.seed, step)}, exs
 
-    rollouts = (AsyncRollouts(client, make_request, cfg.async_.max_staleness, last) if cfg.async_.enable
-                else SyncRollouts(client, make_request))
+    rollouts = (
+        AsyncRollouts(client, make_request, cfg.async_.max_staleness, last)
+        if cfg.async_.enable
+        else SyncRollouts(client, make_request)
+    )
     eval_options = stage_options(cfg, cfg.eval.options)
     eval_examples = recipe.load_examples(cfg.eval.split, **eval_options) if cfg.eval.split else []
-    eval_examples = eval_examples[:cfg.eval.limit] if cfg.eval.limit else eval_examples
+    eval_examples = eval_examples[: cfg.eval.limit] if cfg.eval.limit else eval_examples
     evals: dict[int, EvalResult] = {}
 
     def run_eval(step: int) -> None:
@@ -444,12 +513,21 @@ def run(cfg: RunConfig, client: ArcticRLClient | None = None, *, stop_after: int
         r = evaluate(client, recipe, eval_examples, tokenizer, cfg)
         evals[step] = r
         suffix = "_before_sft" if step < 0 else ""
-        tracker.log_metrics({f"eval/accuracy{suffix}": r.accuracy, f"eval/reward/mean{suffix}": r.reward_mean,
-                             f"timing_s/eval{suffix}": r.seconds}, step=max(step, 0))
+        tracker.log_metrics(
+            {
+                f"eval/accuracy{suffix}": r.accuracy,
+                f"eval/reward/mean{suffix}": r.reward_mean,
+                f"timing_s/eval{suffix}": r.seconds,
+            },
+            step=max(step, 0),
+        )
         if not quiet:
             when = "before the sft warm-up" if step < 0 else f"after step {step}"
-            print(f"eval ({cfg.eval.split}, {r.num_examples} examples, greedy) {when}: "
-                  f"accuracy {r.accuracy:.1%}, reward {r.reward_mean:.3f} ({r.seconds:.0f}s)", flush=True)
+            print(
+                f"eval ({cfg.eval.split}, {r.num_examples} examples, greedy) {when}: "
+                f"accuracy {r.accuracy:.1%}, reward {r.reward_mean:.3f} ({r.seconds:.0f}s)",
+                flush=True,
+            )
 
     history: list[dict[str, float]] = []
 
@@ -458,8 +536,14 @@ def run(cfg: RunConfig, client: ArcticRLClient | None = None, *, stop_after: int
         sleep.before_sync()
 
     status = "FAILED"
-    bar = tqdm(range(state.step + 1, last + 1), desc=f"arctic-rl {cfg.recipe.name}", unit="step",
-               disable=quiet, initial=state.step, total=last)
+    bar = tqdm(
+        range(state.step + 1, last + 1),
+        desc=f"arctic-rl {cfg.recipe.name}",
+        unit="step",
+        disable=quiet,
+        initial=state.step,
+        total=last,
+    )
     try:
         if cfg.sft_warmup.epochs and state.step == 0:  # a resumed run's checkpoint already holds the warm-up
             run_eval(-1)
@@ -500,8 +584,15 @@ def run(cfg: RunConfig, client: ArcticRLClient | None = None, *, stop_after: int
         if own_client:
             client.shutdown()
     plot = plot_rewards(state.rewards, ckpt_root / "reward_curve.png", title=cfg.recipe.name)
-    result = RunResult(history, state.rewards, tracker.run_id, ckpt_root, time.perf_counter() - t_start, plot,
-                       {k: v.accuracy for k, v in evals.items()})
+    result = RunResult(
+        history,
+        state.rewards,
+        tracker.run_id,
+        ckpt_root,
+        time.perf_counter() - t_start,
+        plot,
+        {k: v.accuracy for k, v in evals.items()},
+    )
     if not quiet:
         print(summary_line(result), flush=True)
     return result
@@ -518,11 +609,14 @@ def actor_loss_config(cfg: RunConfig) -> dict:
 
 
 def _step_line(step: int, total: int, m: dict[str, float]) -> str:
-    phases = " ".join(f"{p} {m[tracking.TIMING_PREFIX + p]:.2f}s" for p in tracking.PHASES
-                      if tracking.TIMING_PREFIX + p in m)
+    phases = " ".join(
+        f"{p} {m[tracking.TIMING_PREFIX + p]:.2f}s" for p in tracking.PHASES if tracking.TIMING_PREFIX + p in m
+    )
     loss = m.get("actor/pg_loss", float("nan"))
-    return (f"step {step}/{total} | reward {m[tracking.REWARD_MEAN]:.3f} | len {m[tracking.RESPONSE_LENGTH_MEAN]:.1f}"
-            f" | pg_loss {loss:+.4f} | {phases} | {m[tracking.PERF_THROUGHPUT]:.0f} tok/s/gpu")
+    return (
+        f"step {step}/{total} | reward {m[tracking.REWARD_MEAN]:.3f} | len {m[tracking.RESPONSE_LENGTH_MEAN]:.1f}"
+        f" | pg_loss {loss:+.4f} | {phases} | {m[tracking.PERF_THROUGHPUT]:.0f} tok/s/gpu"
+    )
 
 
 def summary_line(r: RunResult) -> str:
@@ -532,15 +626,18 @@ def summary_line(r: RunResult) -> str:
     if len(r.eval_accuracy) >= 2:
         label = lambda s: "before sft" if s < 0 else f"step {s}"  # noqa: E731
         ev = "eval accuracy " + " -> ".join(f"{label(s)} {a:.1%}" for s, a in sorted(r.eval_accuracy.items())) + " | "
-    return (f"arctic-rl: {len(r.rewards)} steps | reward first-5 {mean(first):.3f} -> last-5 {mean(last):.3f} | {ev}"
-            f"wall {r.wall_s:.1f}s | mlflow run {r.run_id} | checkpoints {r.checkpoint_dir}"
-            + (f" | curve {r.plot}" if r.plot else ""))
+    return (
+        f"arctic-rl: {len(r.rewards)} steps | reward first-5 {mean(first):.3f} -> last-5 {mean(last):.3f} | {ev}"
+        f"wall {r.wall_s:.1f}s | mlflow run {r.run_id} | checkpoints {r.checkpoint_dir}"
+        + (f" | curve {r.plot}" if r.plot else "")
+    )
 
 
 def plot_rewards(rewards: list[float], path: Path, title: str = "") -> Path | None:
     if not rewards:
         return None
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 

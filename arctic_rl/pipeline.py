@@ -20,12 +20,13 @@ Known limit: a checkpoint does not hold in-flight rollouts; a resumed async run 
 with the resumed weights, so its next steps are not bit-equal to an uninterrupted async run (the
 sync loop's resume is exact).
 """
+
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Callable
 
 from arctic_rl.client.client import ArcticRLClient
 
@@ -64,8 +65,9 @@ class SyncRollouts:
 class AsyncRollouts:
     """Rollouts generated up to `max_staleness` steps ahead of training (see the module docstring)."""
 
-    def __init__(self, client: ArcticRLClient, make_request: Callable[[int], Request], max_staleness: int,
-                 last_step: int):
+    def __init__(
+        self, client: ArcticRLClient, make_request: Callable[[int], Request], max_staleness: int, last_step: int
+    ):
         if max_staleness < 1:
             raise ValueError(f"async.max_staleness must be >= 1, got {max_staleness}")
         self.client, self.make_request = client, make_request

@@ -23,6 +23,7 @@ Phases when colocated (sync loop): gen (sampler awake, trainer and reference asl
 sampler asleep) and sync (both awake); what an asleep engine still holds is SLEEP_KEEPS. Split placement or
 async rollouts: every engine is awake all the time.
 """
+
 from __future__ import annotations
 
 import json
@@ -36,7 +37,7 @@ from arctic_rl.errors import ConfigError
 from arctic_rl.runconfig import RunConfig
 from arctic_rl.server import placement
 
-GiB = 1024 ** 3
+GiB = 1024**3
 CUDA_CONTEXT = 0.5 * GiB
 VLLM_OVERHEAD = 2 * GiB  # vLLM's profiled activations and non-torch memory inside its budget (enforce_eager)
 ZERO3_LIVE_PARAMS = 1e9  # DeepSpeed's stage3_max_live_parameters default
@@ -63,6 +64,7 @@ class ModelShape:
 @dataclass
 class Engine:
     """One engine actor's use of one GPU."""
+
     label: str  # e.g. "trainer 3", "sampler 1 (TP 1/2)"
     engine: str  # training | log_prob | sampling
     awake_bytes: dict[str, float]  # component -> bytes while awake
@@ -104,30 +106,40 @@ class Plan:
     def fits(self) -> bool:
         return not self.problems
 
-    def check(self) -> "Plan":
+    def check(self) -> Plan:
         if self.problems:
-            raise ConfigError(f"{self.run} cannot run on {self.nodes} node(s) x {self.gpus_per_node} GPU(s): "
-                              + "; ".join(self.problems))
+            raise ConfigError(
+                f"{self.run} cannot run on {self.nodes} node(s) x {self.gpus_per_node} GPU(s): "
+                + "; ".join(self.problems)
+            )
         return self
 
     def render(self) -> str:
         c, m = self.client, self.model
-        out = [f"plan: {self.run} on {self.nodes} node(s) x {self.gpus_per_node} GPU(s) "
-               f"({_g(self.gpu_memory)} GiB each)",
-               f"model: {m.params / 1e9:.2f}B params ({m.source}); {m.layers} layers, hidden {m.hidden}",
-               f"engines: {c.training_gpus} trainer rank(s) ZeRO-{c.training_config.zero_stage}, "
-               f"{c.num_sampling_replicas} sampler replica(s) x TP {c.vllm_config.tensor_parallel_size}, "
-               f"{placement.num_reference_workers(c)} reference worker(s); "
-               + ("colocated" if c.colocate else "split") + f"; {len(self.gpus)} GPU bundle(s)",
-               "", "placement (node: GPU -> engines):"]
+        out = [
+            f"plan: {self.run} on {self.nodes} node(s) x {self.gpus_per_node} GPU(s) ({_g(self.gpu_memory)} GiB each)",
+            f"model: {m.params / 1e9:.2f}B params ({m.source}); {m.layers} layers, hidden {m.hidden}",
+            f"engines: {c.training_gpus} trainer rank(s) ZeRO-{c.training_config.zero_stage}, "
+            f"{c.num_sampling_replicas} sampler replica(s) x TP {c.vllm_config.tensor_parallel_size}, "
+            f"{placement.num_reference_workers(c)} reference worker(s); "
+            + ("colocated" if c.colocate else "split")
+            + f"; {len(self.gpus)} GPU bundle(s)",
+            "",
+            "placement (node: GPU -> engines):",
+        ]
         for node in range(self.nodes):
             mine = [g for g in self.gpus if g.node == node]
             out.append(f"  node {node}:" + (" (idle)" if not mine else ""))
-            out += [f"    gpu {g.local} [{g.pool} bundle {g.bundle}]: " + ", ".join(e.label for e in g.engines)
-                    for g in mine]
-        out += ["", f"memory per GPU, GiB (micro-batch {self.micro_batch_tokens} tokens"
-                + (f"; vLLM KV cache {self.kv_tokens} tokens per replica" if self.kv_tokens is not None else "")
-                + "):"]
+            out += [
+                f"    gpu {g.local} [{g.pool} bundle {g.bundle}]: " + ", ".join(e.label for e in g.engines)
+                for g in mine
+            ]
+        out += [
+            "",
+            f"memory per GPU, GiB (micro-batch {self.micro_batch_tokens} tokens"
+            + (f"; vLLM KV cache {self.kv_tokens} tokens per replica" if self.kv_tokens is not None else "")
+            + "):",
+        ]
         for rows, g in _group_gpus(self.gpus):
             parts = {}
             for e in g.engines:
@@ -139,8 +151,10 @@ class Plan:
             out.append("      " + ", ".join(f"{k} {_g(v)}" for k, v in parts.items() if v))
         given = f"; given {self.cpus_per_node}" if self.cpus_per_node is not None else ""
         out += ["", f"CPUs per node (Ray --num-cpus, at least the bundles' one each{given}):"]
-        out += [f"  node {i}: {n} reserved by GPU bundles, {p} engine processes"
-                for i, (n, p) in enumerate(zip(self.cpus_needed, self.processes))]
+        out += [
+            f"  node {i}: {n} reserved by GPU bundles, {p} engine processes"
+            for i, (n, p) in enumerate(zip(self.cpus_needed, self.processes))
+        ]
         out += ["", *(f"note: {n}" for n in self.notes)]
         out += ["", "verdict: fits" if self.fits else "verdict: does NOT fit"]
         out += [f"  - {p}" for p in self.problems]
@@ -155,8 +169,10 @@ def _group_gpus(gpus: list[Gpu]) -> list[tuple[str, Gpu]]:
     """Runs of GPUs that hold the same engines kinds and memory, printed once."""
     groups: list[tuple[list[Gpu], tuple]] = []
     for g in gpus:
-        key = (tuple(sorted((e.engine, tuple(sorted(e.awake_bytes.items()))) for e in g.engines)),
-               tuple(g.phases.items()))
+        key = (
+            tuple(sorted((e.engine, tuple(sorted(e.awake_bytes.items()))) for e in g.engines)),
+            tuple(g.phases.items()),
+        )
         if groups and groups[-1][1] == key:
             groups[-1][0].append(g)
         else:
@@ -164,7 +180,9 @@ def _group_gpus(gpus: list[Gpu]) -> list[tuple[str, Gpu]]:
     names = []
     for members, _ in groups:
         a, b = members[0], members[-1]
-        name = f"node {a.node} gpu {a.local}" if a is b else f"node {a.node} gpu {a.local} .. node {b.node} gpu {b.local}"
+        name = (
+            f"node {a.node} gpu {a.local}" if a is b else f"node {a.node} gpu {a.local} .. node {b.node} gpu {b.local}"
+        )
         names.append((f"{name} ({len(members)})" if a is not b else name, a))
     return names
 
@@ -181,15 +199,23 @@ def model_config(run: RunConfig, model_config_path: str | None = None):
     if name == "demo" or Path(name).expanduser().exists():
         path = run.model.path
         return AutoConfig.from_pretrained(path), path
-    shipped = Path(__file__).resolve().parent.parent / "recipes" / run.recipe.name / "configs" / "models" / \
-        (name.replace("/", "__") + ".json")
+    shipped = (
+        Path(__file__).resolve().parent.parent
+        / "recipes"
+        / run.recipe.name
+        / "configs"
+        / "models"
+        / (name.replace("/", "__") + ".json")
+    )
     if shipped.is_file():
         return _config_from(shipped), str(shipped.relative_to(shipped.parents[4]))
     try:
         return AutoConfig.from_pretrained(name, local_files_only=True), f"{name} (HF cache)"
     except (OSError, ValueError):
-        raise ConfigError(f"model.name_or_path={name!r}: no config to size it from: not a local folder, no "
-                          f"{shipped} and not in the HF cache; pass --model-config CONFIG.json") from None
+        raise ConfigError(
+            f"model.name_or_path={name!r}: no config to size it from: not a local folder, no "
+            f"{shipped} and not in the HF cache; pass --model-config CONFIG.json"
+        ) from None
 
 
 def _config_from(path: Path):
@@ -219,8 +245,17 @@ def model_shape(hf_config, source: str) -> ModelShape:
     heads = c.num_attention_heads
     head_dim = getattr(c, "head_dim", None) or c.hidden_size // heads
     kv_heads = getattr(c, "num_key_value_heads", None) or heads
-    return ModelShape(params, c.num_hidden_layers, c.hidden_size, heads * head_dim, kv_heads * head_dim,
-                      head_dim, c.intermediate_size, c.vocab_size, source)
+    return ModelShape(
+        params,
+        c.num_hidden_layers,
+        c.hidden_size,
+        heads * head_dim,
+        kv_heads * head_dim,
+        head_dim,
+        c.intermediate_size,
+        c.vocab_size,
+        source,
+    )
 
 
 # -- memory of each engine ------------------------------------------------------------------------------------
@@ -285,8 +320,15 @@ def sampler_bytes(m: ModelShape, client: ArcticRLClientConfig, gpu_memory: float
 
 
 # -- the plan -------------------------------------------------------------------------------------------------
-def make_plan(run: RunConfig, nodes: int, gpus_per_node: int, cpus_per_node: int | None = None,
-              gpu_memory_gib: float = 80.0, model_config_path: str | None = None, name: str = "config") -> Plan:
+def make_plan(
+    run: RunConfig,
+    nodes: int,
+    gpus_per_node: int,
+    cpus_per_node: int | None = None,
+    gpu_memory_gib: float = 80.0,
+    model_config_path: str | None = None,
+    name: str = "config",
+) -> Plan:
     """The plan, with `problems` listing every reason it cannot run (empty: it fits)."""
     for key, val in (("nodes", nodes), ("gpus_per_node", gpus_per_node)):
         if not isinstance(val, int) or val < 1:
@@ -310,39 +352,65 @@ def make_plan(run: RunConfig, nodes: int, gpus_per_node: int, cpus_per_node: int
         g.phases = {ph: sum(_engine_bytes(e, awake) for e in g.engines) for ph, awake in phases.items()}
     problems += _memory_problems(list(gpus.values()), phases, gpu_memory)
     if kv_tokens < client.vllm_config.max_seq_len:
-        problems.append(f"vLLM's KV cache holds {kv_tokens} tokens per replica, less than backend.vllm_config."
-                        f"max_seq_len={client.vllm_config.max_seq_len}: raise gpu_memory_utilization="
-                        f"{client.vllm_config.gpu_memory_utilization} or tensor_parallel_size="
-                        f"{client.vllm_config.tensor_parallel_size} (vLLM would refuse to start)")
+        problems.append(
+            f"vLLM's KV cache holds {kv_tokens} tokens per replica, less than backend.vllm_config."
+            f"max_seq_len={client.vllm_config.max_seq_len}: raise gpu_memory_utilization="
+            f"{client.vllm_config.gpu_memory_utilization} or tensor_parallel_size="
+            f"{client.vllm_config.tensor_parallel_size} (vLLM would refuse to start)"
+        )
     cpus, procs = _cpus_and_processes(gpus, layout, nodes)
     if cpus_per_node is not None and max(cpus) > cpus_per_node:
-        problems.append(f"--cpus-per-node={cpus_per_node} but node {cpus.index(max(cpus))} needs {max(cpus)} Ray "
-                        f"CPUs for its GPU bundles (one each); Ray could not place them")
-    loaders = max(sum(e.engine != "sampling" for g in gpus.values() if g.node == k for e in g.engines)
-                  for k in range(nodes))
+        problems.append(
+            f"--cpus-per-node={cpus_per_node} but node {cpus.index(max(cpus))} needs {max(cpus)} Ray "
+            f"CPUs for its GPU bundles (one each); Ray could not place them"
+        )
+    loaders = max(
+        sum(e.engine != "sampling" for g in gpus.values() if g.node == k for e in g.engines) for k in range(nodes)
+    )
     notes = _notes(run, client, m, phases, loaders, kv_tokens)
-    return Plan(name, nodes, gpus_per_node, cpus_per_node, gpu_memory, m, client, sorted(
-        gpus.values(), key=lambda g: (g.node, g.local)), cpus, procs, tokens, kv_tokens, tuple(phases), notes, problems)
+    return Plan(
+        name,
+        nodes,
+        gpus_per_node,
+        cpus_per_node,
+        gpu_memory,
+        m,
+        client,
+        sorted(gpus.values(), key=lambda g: (g.node, g.local)),
+        cpus,
+        procs,
+        tokens,
+        kv_tokens,
+        tuple(phases),
+        notes,
+        problems,
+    )
 
 
-def _lay_out(layout: placement.GpuLayout, client: ArcticRLClientConfig, nodes: int, gpus_per_node: int,
-             problems: list[str]) -> dict[tuple[str, int], Gpu]:
+def _lay_out(
+    layout: placement.GpuLayout, client: ArcticRLClientConfig, nodes: int, gpus_per_node: int, problems: list[str]
+) -> dict[tuple[str, int], Gpu]:
     """(pool, bundle) -> its GPU: bundles fill the nodes in pool order, as PACK does; any beyond the cluster
     stay unplaced (and are a problem)."""
     tp = client.vllm_config.tensor_parallel_size
     if tp > gpus_per_node:
-        problems.append(f"backend.vllm_config.tensor_parallel_size={tp} is larger than --gpus-per-node="
-                        f"{gpus_per_node} (a replica's TP group must sit on one node)")
+        problems.append(
+            f"backend.vllm_config.tensor_parallel_size={tp} is larger than --gpus-per-node="
+            f"{gpus_per_node} (a replica's TP group must sit on one node)"
+        )
     total = nodes * gpus_per_node
     if layout.num_bundles > total:
-        problems.append(f"the engines need {layout.num_bundles} GPUs ({_pools(layout)}) but {nodes} node(s) x "
-                        f"{gpus_per_node} GPU(s) = {total}")
+        problems.append(
+            f"the engines need {layout.num_bundles} GPUs ({_pools(layout)}) but {nodes} node(s) x "
+            f"{gpus_per_node} GPU(s) = {total}"
+        )
     keys = [(pool, b) for pool, count in layout.pools.items() for b in range(count)][:total]
     return {key: Gpu(i // gpus_per_node, i % gpus_per_node, *key) for i, key in enumerate(keys)}
 
 
-def _fill(gpus: dict, layout: placement.GpuLayout, t_bytes: dict, r_bytes: dict, s_bytes: dict,
-          problems: list[str]) -> None:
+def _fill(
+    gpus: dict, layout: placement.GpuLayout, t_bytes: dict, r_bytes: dict, s_bytes: dict, problems: list[str]
+) -> None:
     """Puts every engine on its GPU(s); a sampler's TP workers each on one of its bundles."""
     for slot in layout.trainers:
         _put(gpus, slot.pool, slot.bundle, Engine(f"trainer {slot.index}", "training", t_bytes))
@@ -364,10 +432,14 @@ def _memory_problems(gpus: list[Gpu], phases: dict, gpu_memory: float) -> list[s
         return []
     worst = max(over, key=lambda g: g.peak)
     phase = max(worst.phases, key=worst.phases.get)
-    top = sorted(((f"{e.label} {k}", _engine_bytes(e, phases[phase], k)) for e in worst.engines
-                  for k in e.awake_bytes), key=lambda kv: -kv[1])[:4]
-    return [f"{len(over)} GPU(s) need more than {_g(gpu_memory)} GiB; the worst, node {worst.node} gpu {worst.local}, "
-            f"needs {_g(worst.peak)} GiB in phase {phase!r}, mostly " + ", ".join(f"{k} {_g(v)}" for k, v in top)]
+    top = sorted(
+        ((f"{e.label} {k}", _engine_bytes(e, phases[phase], k)) for e in worst.engines for k in e.awake_bytes),
+        key=lambda kv: -kv[1],
+    )[:4]
+    return [
+        f"{len(over)} GPU(s) need more than {_g(gpu_memory)} GiB; the worst, node {worst.node} gpu {worst.local}, "
+        f"needs {_g(worst.peak)} GiB in phase {phase!r}, mostly " + ", ".join(f"{k} {_g(v)}" for k, v in top)
+    ]
 
 
 def _cpus_and_processes(gpus: dict, layout: placement.GpuLayout, nodes: int) -> tuple[list[int], list[int]]:
@@ -382,8 +454,15 @@ def _cpus_and_processes(gpus: dict, layout: placement.GpuLayout, nodes: int) -> 
     return cpus, procs
 
 
-def plan_run(run: RunConfig, nodes: int, gpus_per_node: int, cpus_per_node: int | None = None,
-             gpu_memory_gib: float = 80.0, model_config_path: str | None = None, name: str = "config") -> Plan:
+def plan_run(
+    run: RunConfig,
+    nodes: int,
+    gpus_per_node: int,
+    cpus_per_node: int | None = None,
+    gpu_memory_gib: float = 80.0,
+    model_config_path: str | None = None,
+    name: str = "config",
+) -> Plan:
     """make_plan, raising ConfigError with every reason when the run cannot fit."""
     return make_plan(run, nodes, gpus_per_node, cpus_per_node, gpu_memory_gib, model_config_path, name).check()
 
@@ -407,9 +486,11 @@ def _phases(client: ArcticRLClientConfig, run: RunConfig) -> dict[str, dict[str,
     if not sleeps_while_colocated(client, run):
         return {"all": {"training": True, "log_prob": True, "sampling": True}}
     ref = run.use_reference
-    return {"gen": {"training": False, "log_prob": False, "sampling": True},
-            "train": {"training": True, "log_prob": ref, "sampling": False},
-            "sync": {"training": True, "log_prob": False, "sampling": True}}
+    return {
+        "gen": {"training": False, "log_prob": False, "sampling": True},
+        "train": {"training": True, "log_prob": ref, "sampling": False},
+        "sync": {"training": True, "log_prob": False, "sampling": True},
+    }
 
 
 def _engine_bytes(e: Engine, awake: dict[str, bool], part: str | None = None) -> float:
@@ -418,29 +499,40 @@ def _engine_bytes(e: Engine, awake: dict[str, bool], part: str | None = None) ->
     return sum(e.awake_bytes[k] * (1.0 if k == "context" else share) for k in parts)
 
 
-def _notes(run: RunConfig, client: ArcticRLClientConfig, m: ModelShape, phases: dict, loaders: int,
-           kv_tokens: int) -> list[str]:
+def _notes(
+    run: RunConfig, client: ArcticRLClientConfig, m: ModelShape, phases: dict, loaders: int, kv_tokens: int
+) -> list[str]:
     notes = []
     if "gen" in phases:
-        notes.append("colocated: the loop sleeps the sampler while training and the trainer/reference while "
-                     "generating; vLLM's sleep frees its memory, the trainer's and reference's do not yet (issue 17)")
+        notes.append(
+            "colocated: the loop sleeps the sampler while training and the trainer/reference while "
+            "generating; vLLM's sleep frees its memory, the trainer's and reference's do not yet (issue 17)"
+        )
     if not run.use_reference:
         notes.append("the loss uses no KL term, but the reference engine is deployed (and counted) all the same")
     fp32_load = 4 * m.params
-    notes.append(f"host memory: each trainer/reference worker loads the whole model in fp32 ({_g(fp32_load)} GiB) "
-                 f"before DeepSpeed partitions it; the busiest node has {loaders} such workers "
-                 f"({_g(fp32_load * loaders)} GiB at start-up)")
+    notes.append(
+        f"host memory: each trainer/reference worker loads the whole model in fp32 ({_g(fp32_load)} GiB) "
+        f"before DeepSpeed partitions it; the busiest node has {loaders} such workers "
+        f"({_g(fp32_load * loaders)} GiB at start-up)"
+    )
     if client.vllm_config.weight_sync == "reload":
-        notes.append(f"weight sync 'reload': trainer rank 0 gathers the whole model on the host "
-                     f"({_g(2 * m.params)} GiB in bf16) and ships it to every sampler replica through Ray's object store")
+        notes.append(
+            f"weight sync 'reload': trainer rank 0 gathers the whole model on the host "
+            f"({_g(2 * m.params)} GiB in bf16) and ships it to every sampler replica through Ray's object store"
+        )
     if not run.checkpoint.every:
         notes.append("checkpoint.every=0: no checkpoints; a requeued job restarts from step 0")
-    notes.append("rewards are scored in a process pool on the driver's node, one worker per CPU the driver may "
-                 "use (os.sched_getaffinity): give that node CPUs beyond the bundles' for it")
+    notes.append(
+        "rewards are scored in a process pool on the driver's node, one worker per CPU the driver may "
+        "use (os.sched_getaffinity): give that node CPUs beyond the bundles' for it"
+    )
     group = max(client.vllm_config.max_seq_len - run.sampling.max_tokens, 1) + run.sampling.n * run.sampling.max_tokens
-    notes.append(f"vLLM KV cache: {kv_tokens} tokens per replica; one prompt group at the longest lengths takes "
-                 f"{group} (prompt once with prefix caching + n responses): "
-                 + ("it fits at once" if kv_tokens >= group else "vLLM runs its samples in turns (preemption)"))
+    notes.append(
+        f"vLLM KV cache: {kv_tokens} tokens per replica; one prompt group at the longest lengths takes "
+        f"{group} (prompt once with prefix caching + n responses): "
+        + ("it fits at once" if kv_tokens >= group else "vLLM runs its samples in turns (preemption)")
+    )
     return notes
 
 
@@ -450,8 +542,11 @@ def main(argv: list[str] | None = None) -> int:
 
     from arctic_rl.runconfig import load_run_config
 
-    p = argparse.ArgumentParser(prog="arctic-rl plan", description="Where a run's engines go on N nodes x G GPUs, "
-                                "the memory each GPU needs, the CPUs each node needs; exits 1 when it cannot fit.")
+    p = argparse.ArgumentParser(
+        prog="arctic-rl plan",
+        description="Where a run's engines go on N nodes x G GPUs, "
+        "the memory each GPU needs, the CPUs each node needs; exits 1 when it cannot fit.",
+    )
     p.add_argument("config", help="run config YAML")
     p.add_argument("overrides", nargs="*", help="dotted.key=value, value parsed as YAML")
     p.add_argument("--nodes", type=int, required=True)
@@ -461,15 +556,24 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model-config", default=None, help="an HF config.json (or folder) to size a hub model from")
     a = p.parse_args(argv)
     try:
-        plan = make_plan(load_run_config(a.config, a.overrides), a.nodes, a.gpus_per_node, a.cpus_per_node,
-                         a.gpu_memory_gib, a.model_config, name=a.config)
+        plan = make_plan(
+            load_run_config(a.config, a.overrides),
+            a.nodes,
+            a.gpus_per_node,
+            a.cpus_per_node,
+            a.gpu_memory_gib,
+            a.model_config,
+            name=a.config,
+        )
     except ConfigError as e:
         print(f"arctic-rl plan: {e}", file=sys.stderr)
         return 2
     print(plan.render())
     if not plan.fits:
-        print(f"arctic-rl plan: {a.config} cannot run on {a.nodes} node(s) x {a.gpus_per_node} GPU(s): "
-              + "; ".join(plan.problems), file=sys.stderr)
+        print(
+            f"arctic-rl plan: {a.config} cannot run on {a.nodes} node(s) x {a.gpus_per_node} GPU(s): "
+            + "; ".join(plan.problems),
+            file=sys.stderr,
+        )
         return 1
     return 0
-

@@ -10,14 +10,16 @@ count), in order, with the same results as scoring them one by one. The pool sta
 one CPU, or fewer items than two, scoring stays in this process. The reward function must be importable
 by name (a module-level function such as recipes.<name>.reward).
 """
+
 from __future__ import annotations
 
 import atexit
 import math
 import multiprocessing
 import os
+from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
-from typing import Any, Callable, Sequence
+from typing import Any
 
 WORKERS_ENV = "ARCTIC_RL_REWARD_WORKERS"  # overrides the pool size (1 = serial)
 _pools: dict[int, ProcessPoolExecutor] = {}

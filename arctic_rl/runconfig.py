@@ -14,6 +14,7 @@ Mapping to the backend, never silently: `model.dtype` becomes training_config.dt
 section sets it; `train.micro_batch_size` (prompt groups per forward pass) becomes
 training_config.micro_batch_size = groups x sampling.n rows; a conflicting explicit value is an error.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -40,8 +41,10 @@ class ModelConfig(Strict):
     def path(self) -> str:
         if self.name_or_path == "demo":
             from arctic_rl.demo_model import demo_model_path
+
             return str(demo_model_path())
         return self.name_or_path
+
     dtype: Literal["bfloat16", "float32"] | None = None
     yarn: YarnConfig | None = None
     # Applied to the HF config in trainer, log-prob engine and sampler (ArcticRLClientConfig.model_overrides).
@@ -71,8 +74,9 @@ class TrainConfig(Strict):
     @model_validator(mode="after")
     def _divides(self):
         if self.mini_batch_size is not None and self.prompts_per_step % self.mini_batch_size:
-            raise ValueError(f"mini_batch_size={self.mini_batch_size} must divide "
-                             f"prompts_per_step={self.prompts_per_step}")
+            raise ValueError(
+                f"mini_batch_size={self.mini_batch_size} must divide prompts_per_step={self.prompts_per_step}"
+            )
         return self
 
     @property
@@ -113,24 +117,30 @@ class TrackingConfig(Strict):
 class EvalConfig(Strict):
     """Greedy decoding on a held-out split before the first step and after the last (and every `every`
     steps): `eval/accuracy` = share of examples whose reward is >= 1 (execution match, exact match)."""
+
     split: str | None = Field(None, description="None = no eval; e.g. 'dev'")
     every: int = Field(0, ge=0, description="also every N steps (0: only before and after)")
     max_tokens: int | None = Field(None, ge=1, description="None = sampling.max_tokens")
     limit: int | None = Field(None, ge=1, description="first N examples of the split")
-    options: dict[str, Any] = Field(default_factory=dict, description="recipe options for the eval split, "
-                                    "merged over recipe.options (a key set to null is dropped)")
+    options: dict[str, Any] = Field(
+        default_factory=dict,
+        description="recipe options for the eval split, merged over recipe.options (a key set to null is dropped)",
+    )
 
 
 class SFTWarmupConfig(Strict):
     """A supervised stage before GRPO: the recipe's reference completions (`recipe.sft_completion`, e.g. the
     gold SQL) trained with the `sft` loss through the same client ops and optimizer, then synced to the
     sampler. Skipped on resume (the checkpoint already holds its effect)."""
+
     epochs: int = Field(0, ge=0, description="passes over the warm-up examples; 0 = no warm-up")
     batch_size: int = Field(4, ge=1, description="examples per optimizer step")
     split: str = Field("train", min_length=1)
     limit: int | None = Field(None, ge=1, description="first N examples of the split")
-    options: dict[str, Any] = Field(default_factory=dict, description="recipe options for the warm-up split, "
-                                    "merged over recipe.options (a key set to null is dropped)")
+    options: dict[str, Any] = Field(
+        default_factory=dict,
+        description="recipe options for the warm-up split, merged over recipe.options (a key set to null is dropped)",
+    )
 
 
 class RunConfig(Strict):
@@ -148,8 +158,11 @@ class RunConfig(Strict):
     tracking: TrackingConfig = TrackingConfig()
     eval: EvalConfig = EvalConfig()
     sft_warmup: SFTWarmupConfig = SFTWarmupConfig()
-    sleep_engines: bool = Field(True, description="colocated sync runs: the sampler sleeps while the trainer works "
-                                "and the trainer and reference while the sampler generates (arctic_rl.loop)")
+    sleep_engines: bool = Field(
+        True,
+        description="colocated sync runs: the sampler sleeps while the trainer works "
+        "and the trainer and reference while the sampler generates (arctic_rl.loop)",
+    )
     seed: int = 0
 
     @model_validator(mode="after")
@@ -192,13 +205,17 @@ class RunConfig(Strict):
         if self.model.yarn is not None and resolve_yarn:
             # One switch, the same rope dict for trainer, reference and sampler (arctic_rl.yarn). It needs
             # the model's own rope_theta, so it is resolved when the run starts, not when the YAML parses.
-            from arctic_rl.yarn import rope_theta_of, yarn_overrides
             from transformers import AutoConfig
+
+            from arctic_rl.yarn import rope_theta_of, yarn_overrides
+
             try:
                 theta = rope_theta_of(AutoConfig.from_pretrained(self.model.path))
             except (OSError, ValueError) as e:
-                raise ValueError(f"model.yarn: cannot read rope_theta of model.name_or_path="
-                                 f"{self.model.name_or_path!r}: {str(e).splitlines()[0]}") from None
+                raise ValueError(
+                    f"model.yarn: cannot read rope_theta of model.name_or_path="
+                    f"{self.model.name_or_path!r}: {str(e).splitlines()[0]}"
+                ) from None
             y = self.model.yarn
             overrides.update(yarn_overrides(y.factor, y.original_max_position_embeddings, rope_theta=theta).hf_config)
         elif self.model.yarn is not None:
@@ -216,8 +233,13 @@ class RunConfig(Strict):
         _imply(training, "dtype", self.model.dtype, "model.dtype", "backend.training_config.dtype")
         if self.train.micro_batch_size is not None:
             rows = self.train.micro_batch_size * self.sampling.n
-            _imply(training, "micro_batch_size", rows, "train.micro_batch_size x sampling.n",
-                   "backend.training_config.micro_batch_size")
+            _imply(
+                training,
+                "micro_batch_size",
+                rows,
+                "train.micro_batch_size x sampling.n",
+                "backend.training_config.micro_batch_size",
+            )
         data.setdefault("seed", self.seed)
         try:
             return ArcticRLClientConfig(**data)
@@ -260,7 +282,7 @@ def apply_overrides(data: dict, overrides: list[str]) -> dict:
             if nxt is None:
                 nxt = node[part] = {}
             if not isinstance(nxt, dict):
-                where = ".".join(parts[:i + 1])
+                where = ".".join(parts[: i + 1])
                 raise ConfigError(f"override {item!r}: {where} is {nxt!r}, not a mapping")
             node = nxt
         node[parts[-1]] = value
@@ -286,4 +308,3 @@ def load_run_config(path: str | Path, overrides: list[str] | None = None) -> Run
     except yaml.YAMLError as e:
         raise ConfigError(f"run config {str(path)!r} is not valid YAML: {e}") from None
     return parse_run_config(data, overrides, source=str(path))
-

@@ -5,6 +5,7 @@ the keys that are allowed there:
 
     train.stpes: Extra inputs are not permitted (allowed: steps, prompts_per_step, ppo_epochs, mini_batch_size, micro_batch_size)
 """
+
 from __future__ import annotations
 
 import types

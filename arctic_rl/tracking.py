@@ -62,8 +62,15 @@ TAG_MAX_RESPONSE_LENGTH = "max_response_length"  # tokens
 TAG_SLURM_JOB_ID = "slurm_job_id"
 TAG_RESUME_KEY = "arctic_rl.resume_key"
 STANDARD_TAGS = (TAG_FRAMEWORK, TAG_BACKEND, TAG_RECIPE, TAG_MODEL, TAG_NODES, TAG_GPUS)
-SETUP_TAGS = (TAG_MODEL, TAG_NODES, TAG_GPUS, TAG_PROMPTS_PER_STEP, TAG_N, TAG_MAX_PROMPT_LENGTH,
-              TAG_MAX_RESPONSE_LENGTH)
+SETUP_TAGS = (
+    TAG_MODEL,
+    TAG_NODES,
+    TAG_GPUS,
+    TAG_PROMPTS_PER_STEP,
+    TAG_N,
+    TAG_MAX_PROMPT_LENGTH,
+    TAG_MAX_RESPONSE_LENGTH,
+)
 FRAMEWORK_ARCTIC = "arctic-rl"
 FRAMEWORK_VERL = "verl"
 FRAMEWORK_SKYRL = "skyrl"
@@ -103,8 +110,10 @@ def placement_tags(health: dict) -> dict[str, str]:
     """Where each engine runs, from the client's health(): `engine_hosts` (the distinct hosts) and
     `placement` (`training[0]=host,...`), so a multi-node run shows that its engines span the nodes."""
     hosts = {name: info.get("host", "?") for name, info in health.get("engines", {}).items()}
-    return {"engine_hosts": ",".join(sorted(set(hosts.values()))),
-            "placement": ",".join(f"{name}={host}" for name, host in sorted(hosts.items()))}
+    return {
+        "engine_hosts": ",".join(sorted(set(hosts.values()))),
+        "placement": ",".join(f"{name}={host}" for name, host in sorted(hosts.items())),
+    }
 
 
 def default_tracking_uri() -> str:
@@ -187,9 +196,7 @@ class Tracker:
     def _find_resumable(client: Any, experiment_id: str, resume_key: str) -> str | None:
         # A requeued job re-enters here; continue its run unless that run already finished.
         quoted = resume_key.replace("'", "\\'")
-        runs = client.search_runs(
-            [experiment_id], filter_string=f"tags.`{TAG_RESUME_KEY}` = '{quoted}'", max_results=5
-        )
+        runs = client.search_runs([experiment_id], filter_string=f"tags.`{TAG_RESUME_KEY}` = '{quoted}'", max_results=5)
         for run in runs:
             if run.info.status != "FINISHED":
                 return run.info.run_id

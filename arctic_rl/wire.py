@@ -4,6 +4,7 @@ Message layout: 8-byte little-endian length N, N bytes of UTF-8 JSON, then safet
 In the JSON tree a tensor is {"__tensor__": "<key in the blob>"}; everything else is plain JSON
 (dicts with string keys, lists, str, int, float, bool, None).
 """
+
 from __future__ import annotations
 
 import json
@@ -53,10 +54,10 @@ def decode(data: bytes, max_bytes: int | None = None) -> Any:
     if n > len(data) - 8:
         raise ProtocolError(f"header length {n} exceeds the message ({len(data) - 8} bytes after the prefix)")
     try:
-        tree = json.loads(data[8:8 + n].decode())
+        tree = json.loads(data[8 : 8 + n].decode())
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise ProtocolError(f"message header is not valid JSON: {e}") from None
-    blob = data[8 + n:]
+    blob = data[8 + n :]
     try:
         tensors = st_load(blob) if blob else {}
     except Exception as e:  # safetensors raises its own error types for corrupt blobs

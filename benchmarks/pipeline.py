@@ -11,6 +11,7 @@ trades one's cores for the other's; on GPUs (split placement) they do not compet
     python benchmarks/pipeline.py                 # ~3 minutes on 2 cores
     python benchmarks/pipeline.py --steps 4 --out /tmp/bench
 """
+
 from __future__ import annotations
 
 import argparse
@@ -36,22 +37,36 @@ def make_model(folder: Path, **shape) -> Path:
         return folder
     sys.path.insert(0, str(ROOT / "tests"))
     from tiny_models import make_tiny_model
+
     return make_tiny_model(folder, "llama", **shape)
 
 
-def run_config(model: Path, out: Path, *, steps: int, prompts: int, n: int, max_tokens: int, filler_words: int,
-               backend: dict, async_enable: bool = False) -> RunConfig:
-    return parse_run_config({
-        "model": {"name_or_path": str(model), "dtype": "float32"},
-        "backend": backend,
-        "recipe": {"name": "toy", "options": {"num_examples": prompts * steps, "filler_words": filler_words}},
-        "sampling": {"n": n, "max_tokens": max_tokens, "temperature": 1.0},
-        "train": {"steps": steps, "prompts_per_step": prompts},
-        "loss": {"name": "grpo", "config": {}},
-        "async": {"enable": async_enable, "max_staleness": 1},
-        "checkpoint": {"dir": str(out), "every": 0},
-        "resume": "never",
-    }, source="benchmark")
+def run_config(
+    model: Path,
+    out: Path,
+    *,
+    steps: int,
+    prompts: int,
+    n: int,
+    max_tokens: int,
+    filler_words: int,
+    backend: dict,
+    async_enable: bool = False,
+) -> RunConfig:
+    return parse_run_config(
+        {
+            "model": {"name_or_path": str(model), "dtype": "float32"},
+            "backend": backend,
+            "recipe": {"name": "toy", "options": {"num_examples": prompts * steps, "filler_words": filler_words}},
+            "sampling": {"n": n, "max_tokens": max_tokens, "temperature": 1.0},
+            "train": {"steps": steps, "prompts_per_step": prompts},
+            "loss": {"name": "grpo", "config": {}},
+            "async": {"enable": async_enable, "max_staleness": 1},
+            "checkpoint": {"dir": str(out), "every": 0},
+            "resume": "never",
+        },
+        source="benchmark",
+    )
 
 
 def medians(history: list[dict], skip: int = 1) -> dict[str, float]:
@@ -63,6 +78,7 @@ def medians(history: list[dict], skip: int = 1) -> dict[str, float]:
 
 def bar_png(path: Path, series: dict[str, dict[str, float]], title: str) -> Path:
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -92,8 +108,10 @@ def main() -> None:
     from arctic_rl.loop import run
 
     model = make_model(a.out / "model", hidden=128, layers=2)
-    backend = {"training_config": {"optimizer": {"lr": 1e-4}, "micro_batch_size": 16},
-               "vllm_config": {"max_seq_len": 512, "dtype": "float32"}}
+    backend = {
+        "training_config": {"optimizer": {"lr": 1e-4}, "micro_batch_size": 16},
+        "vllm_config": {"max_seq_len": 512, "dtype": "float32"},
+    }
     kw = dict(steps=a.steps, prompts=a.prompts, n=a.n, max_tokens=a.max_tokens, filler_words=32, backend=backend)
     cfg_sync = run_config(model, a.out / "sync", **kw)
     cfg_async = run_config(model, a.out / "async", async_enable=True, **kw)
@@ -111,8 +129,10 @@ def main() -> None:
     ratio = sync["timing_s/step"] / asyn["timing_s/step"]
     png = bar_png(a.out / "pipeline.png", {"sync": sync, "async": asyn}, "reference loop: sync vs async")
     print(f"sync  step {sync['timing_s/step']:.3f}s (gen {gen:.3f}s, train {train:.3f}s, sync {sync_s:.3f}s)")
-    print(f"async step {asyn['timing_s/step']:.3f}s (waited for gen {asyn['timing_s/gen']:.3f}s, "
-          f"gen ran {asyn.get('async/gen_s', float('nan')):.3f}s)")
+    print(
+        f"async step {asyn['timing_s/step']:.3f}s (waited for gen {asyn['timing_s/gen']:.3f}s, "
+        f"gen ran {asyn.get('async/gen_s', float('nan')):.3f}s)"
+    )
     print(f"speedup sync/async {ratio:.2f}x | limit (gen+train+sync)/(max(gen,train)+sync) = {limit:.2f}x | {png}")
 
 

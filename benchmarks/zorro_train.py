@@ -19,6 +19,7 @@ before it), measured in a fresh subprocess per variant.
     python benchmarks/zorro_train.py --device cuda   # bf16 on a GPU, Llama-3.2-1B's shape added; peak
                                                      # memory is torch's CUDA allocator high-water mark
 """
+
 from __future__ import annotations
 
 import argparse
@@ -40,14 +41,32 @@ from arctic_rl.zorro.train import zorro_log_probs
 
 MODELS = {
     # the issue's model: hidden 256, 4 layers, 4 heads / 2 KV heads, MLP 512, vocab 4096
-    "small": dict(hidden_size=256, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
-                  intermediate_size=512, vocab_size=4096),
+    "small": dict(
+        hidden_size=256,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=512,
+        vocab_size=4096,
+    ),
     # wider: linear layers dominate attention
-    "wide": dict(hidden_size=512, num_hidden_layers=2, num_attention_heads=8, num_key_value_heads=2,
-                 intermediate_size=2048, vocab_size=4096),
+    "wide": dict(
+        hidden_size=512,
+        num_hidden_layers=2,
+        num_attention_heads=8,
+        num_key_value_heads=2,
+        intermediate_size=2048,
+        vocab_size=4096,
+    ),
     # Llama-3.2-1B's shape (random weights), for GPUs
-    "llama-1b": dict(hidden_size=2048, num_hidden_layers=16, num_attention_heads=32, num_key_value_heads=8,
-                     intermediate_size=8192, vocab_size=128256),
+    "llama-1b": dict(
+        hidden_size=2048,
+        num_hidden_layers=16,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        intermediate_size=8192,
+        vocab_size=128256,
+    ),
 }
 
 
@@ -56,24 +75,32 @@ def variants(device: str) -> tuple[str, ...]:
         return ("naive", "split", "concat")
     try:
         import flash_attn  # noqa: F401
+
         return ("naive", "concat", "torch_varlen", "flash_varlen")
     except ImportError:
         return ("naive", "concat", "torch_varlen")
 
 
-def build(model_name: str, P: int, R: int, G: int, seed: int = 0, device: str = "cpu",
-          dtype: torch.dtype = torch.float32):
+def build(
+    model_name: str, P: int, R: int, G: int, seed: int = 0, device: str = "cpu", dtype: torch.dtype = torch.float32
+):
     torch.manual_seed(seed)
     cfg = LlamaConfig(**MODELS[model_name], max_position_embeddings=P + R + 8)
     cfg._attn_implementation = "sdpa"
-    with torch.device(device):   # initialised where it runs: a 1B model's init on the CPU takes long
+    with torch.device(device):  # initialised where it runs: a 1B model's init on the CPU takes long
         model = LlamaForCausalLM(cfg).to(dtype).train()
     prompt = torch.randint(1, cfg.vocab_size, (P,))
     resp = torch.randint(1, cfg.vocab_size, (G, R))
     ids = torch.cat([prompt.expand(G, P), resp], 1)
-    batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "responses": resp,
-             "response_mask": torch.ones_like(resp), "uid": ["p0"] * G,
-             "advantages": torch.randn(G), "old_log_probs": -torch.rand(G, R)}
+    batch = {
+        "input_ids": ids,
+        "attention_mask": torch.ones_like(ids),
+        "responses": resp,
+        "response_mask": torch.ones_like(resp),
+        "uid": ["p0"] * G,
+        "advantages": torch.randn(G),
+        "old_log_probs": -torch.rand(G, R),
+    }
     return model, {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
 
 
@@ -81,9 +108,10 @@ def verl_log_probs(model, batch) -> dict:
     """verl's actor: full logits, then log-softmax / entropy over the response columns."""
     R = batch["responses"].shape[1]
     pos = (batch["attention_mask"].cumsum(-1) - 1).clamp(min=0)
-    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], position_ids=pos,
-                   use_cache=False).logits
-    logits = logits[:, -R - 1:-1].float()
+    logits = model(
+        input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], position_ids=pos, use_cache=False
+    ).logits
+    logits = logits[:, -R - 1 : -1].float()
     logp = torch.log_softmax(logits, -1)
     entropy = torch.logsumexp(logits, -1) - (torch.softmax(logits, -1) * logits).sum(-1)
     return {"log_probs": logp.gather(-1, batch["responses"].unsqueeze(-1)).squeeze(-1), "entropy": entropy}
@@ -104,8 +132,14 @@ def step(model, batch, variant: str) -> torch.Tensor:
 
 def flops(model_name: str, P: int, R: int, G: int) -> dict:
     c = MODELS[model_name]
-    h, L, nh, nkv, f, V = (c["hidden_size"], c["num_hidden_layers"], c["num_attention_heads"],
-                           c["num_key_value_heads"], c["intermediate_size"], c["vocab_size"])
+    h, L, nh, nkv, f, V = (
+        c["hidden_size"],
+        c["num_hidden_layers"],
+        c["num_attention_heads"],
+        c["num_key_value_heads"],
+        c["intermediate_size"],
+        c["vocab_size"],
+    )
     d = h // nh
     linear_tok = 2 * L * (h * nh * d + 2 * h * nkv * d + nh * d * h + 3 * h * f)
     head_tok = 2 * h * V
@@ -113,13 +147,19 @@ def flops(model_name: str, P: int, R: int, G: int) -> dict:
 
     def causal(n):
         return n * (n + 1) // 2
+
     naive_tok, zorro_tok = G * (P + R), P + G * R
     naive = naive_tok * (linear_tok + head_tok) + G * causal(P + R) * attn_pair
     zorro = zorro_tok * linear_tok + G * R * head_tok + (causal(P) + G * (R * P + causal(R))) * attn_pair
-    zorro_head_all = zorro + P * head_tok   # if ZoRRo also ran the head over prompt tokens
-    return {"naive": 3 * naive, "zorro": 3 * zorro, "limit": naive / zorro, "limit_head_all": naive / zorro_head_all,
-            "linear_limit": naive_tok / zorro_tok,
-            "attn_limit": (G * causal(P + R)) / (causal(P) + G * (R * P + causal(R)))}
+    zorro_head_all = zorro + P * head_tok  # if ZoRRo also ran the head over prompt tokens
+    return {
+        "naive": 3 * naive,
+        "zorro": 3 * zorro,
+        "limit": naive / zorro,
+        "limit_head_all": naive / zorro_head_all,
+        "linear_limit": naive_tok / zorro_tok,
+        "attn_limit": (G * causal(P + R)) / (causal(P) + G * (R * P + causal(R))),
+    }
 
 
 def _status_bytes(field: str) -> int:
@@ -136,15 +176,26 @@ def memory_worker(model_name, variant, P, R, G) -> None:
     model, batch = build(model_name, P, R, G)
     gc.collect()
     with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")   # resets VmHWM to the current RSS (Linux >= 4.0)
+        f.write("5")  # resets VmHWM to the current RSS (Linux >= 4.0)
     base = _status_bytes("VmRSS")
     step(model, batch, variant)
     print(json.dumps({"peak_bytes": max(0, _status_bytes("VmHWM") - base)}))
 
 
 def peak_memory(model_name, variant, P, R, G) -> int:
-    cmd = [sys.executable, __file__, "--memory-worker", model_name, variant, "--prompt", str(P), "--response",
-           str(R), "--group", str(G)]
+    cmd = [
+        sys.executable,
+        __file__,
+        "--memory-worker",
+        model_name,
+        variant,
+        "--prompt",
+        str(P),
+        "--response",
+        str(R),
+        "--group",
+        str(G),
+    ]
     res = subprocess.run(cmd, capture_output=True, text=True, check=True)
     return json.loads(res.stdout.strip().splitlines()[-1])["peak_bytes"]
 
@@ -178,10 +229,14 @@ def main() -> None:
     if args.quick:
         P, R, G, args.reps = 256, 32, 8, 2
     load = os.getloadavg()[0]
-    where = (torch.cuda.get_device_name() if cuda else
-             f"load average {load:.1f} on {os.cpu_count()} cores, {torch.get_num_threads()} threads")
-    print(f"ZoRRo Train benchmark ({where}): prompt {P}, response {R}, G {G}, {str(dtype)[6:]}, "
-          f"torch {torch.__version__}")
+    where = (
+        torch.cuda.get_device_name()
+        if cuda
+        else f"load average {load:.1f} on {os.cpu_count()} cores, {torch.get_num_threads()} threads"
+    )
+    print(
+        f"ZoRRo Train benchmark ({where}): prompt {P}, response {R}, G {G}, {str(dtype)[6:]}, torch {torch.__version__}"
+    )
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     summary = []
     panels: dict[str, list[tuple[str, float, float]]] = {}
@@ -196,10 +251,10 @@ def main() -> None:
         del ref, z
         times = {v: [] for v in VARIANTS}
         cpu = {v: [] for v in VARIANTS}
-        for v in VARIANTS:   # warm-up
+        for v in VARIANTS:  # warm-up
             step(model, batch, v)
         for _ in tqdm(range(args.reps), desc=f"{name}: timing", leave=False):
-            for v in VARIANTS:   # interleaved so that load from other processes hits all alike
+            for v in VARIANTS:  # interleaved so that load from other processes hits all alike
                 sync()
                 t0, c0 = time.perf_counter(), time.process_time()
                 step(model, batch, v)
@@ -209,16 +264,19 @@ def main() -> None:
         best = {v: min(ts) for v, ts in times.items()}
         if args.profile and cuda:
             from torch.profiler import ProfilerActivity, profile
+
             for v in VARIANTS:
                 with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
                     step(model, batch, v)
                     sync()
                 print(f"\n{name} / {v}: top CUDA ops of one step")
-                print(prof.key_averages().table(sort_by="self_device_time_total", row_limit=14, max_name_column_width=60))
+                print(
+                    prof.key_averages().table(sort_by="self_device_time_total", row_limit=14, max_name_column_width=60)
+                )
         best_cpu = {v: min(ts) for v, ts in cpu.items()}
         mem = {}
         if not args.no_memory and cuda:
-            for v in VARIANTS:   # the allocator's high-water mark above what is held before the step
+            for v in VARIANTS:  # the allocator's high-water mark above what is held before the step
                 model.zero_grad(set_to_none=True)
                 gc.collect()
                 torch.cuda.empty_cache()
@@ -230,32 +288,46 @@ def main() -> None:
             for v in tqdm(VARIANTS, desc=f"{name}: memory", leave=False):
                 mem[v] = peak_memory(name, v, P, R, G)
         c = MODELS[name]
-        print(f"\nmodel {name}: hidden {c['hidden_size']}, {c['num_hidden_layers']} layers, "
-              f"{c['num_attention_heads']}/{c['num_key_value_heads']} heads, MLP {c['intermediate_size']}, "
-              f"vocab {c['vocab_size']}; tokens {G * (P + R)} -> {P + G * R}; max |log-prob/entropy diff| {err:.1e}")
-        print(f"  FLOP limit {fl['limit']:.2f}x  (linear {fl['linear_limit']:.2f}x, attention pairs "
-              f"{fl['attn_limit']:.2f}x; {fl['limit_head_all']:.2f}x if the LM head also ran on prompt tokens)")
-        print(f"  {'variant':8s} {'wall s':>8s} {'speedup':>8s} {'% limit':>8s} {'cpu s':>8s} {'speedup':>8s} "
-              f"{'peak MiB':>9s} {'mem ratio':>9s}")
+        print(
+            f"\nmodel {name}: hidden {c['hidden_size']}, {c['num_hidden_layers']} layers, "
+            f"{c['num_attention_heads']}/{c['num_key_value_heads']} heads, MLP {c['intermediate_size']}, "
+            f"vocab {c['vocab_size']}; tokens {G * (P + R)} -> {P + G * R}; max |log-prob/entropy diff| {err:.1e}"
+        )
+        print(
+            f"  FLOP limit {fl['limit']:.2f}x  (linear {fl['linear_limit']:.2f}x, attention pairs "
+            f"{fl['attn_limit']:.2f}x; {fl['limit_head_all']:.2f}x if the LM head also ran on prompt tokens)"
+        )
+        print(
+            f"  {'variant':8s} {'wall s':>8s} {'speedup':>8s} {'% limit':>8s} {'cpu s':>8s} {'speedup':>8s} "
+            f"{'peak MiB':>9s} {'mem ratio':>9s}"
+        )
         for v in VARIANTS:
             sp, sp_cpu = best["naive"] / best[v], best_cpu["naive"] / best_cpu[v]
             mem_s = f"{mem[v] / 2**20:9.0f}" if mem else f"{'-':>9s}"
             ratio = f"{mem[v] / mem['naive']:9.3f}" if mem else f"{'-':>9s}"
             pct = "       -" if v == "naive" else f"{100 * sp / fl['limit']:7.1f}%"
-            print(f"  {v:8s} {best[v]:8.3f} {sp:7.2f}x {pct} {best_cpu[v]:8.3f} {sp_cpu:7.2f}x "
-                  f"{mem_s} {ratio}")
+            print(f"  {v:8s} {best[v]:8.3f} {sp:7.2f}x {pct} {best_cpu[v]:8.3f} {sp_cpu:7.2f}x {mem_s} {ratio}")
         panels[f"{name}: hidden {c['hidden_size']}, MLP {c['intermediate_size']}"] = [
-            (v, best["naive"] / best[v], fl["limit"]) for v in VARIANTS if v != "naive"]
+            (v, best["naive"] / best[v], fl["limit"]) for v in VARIANTS if v != "naive"
+        ]
         pick = min(VARIANTS[1:], key=lambda v: best[v])
         sp = best["naive"] / best[pick]
-        summary.append(f"{name}: {sp:.2f}x ({100 * sp / fl['limit']:.0f}% of {fl['limit']:.2f}x limit)"
-                       + (f", memory {mem[pick] / mem['naive']:.2f}x" if mem else "") + f" [{pick}]")
+        summary.append(
+            f"{name}: {sp:.2f}x ({100 * sp / fl['limit']:.0f}% of {fl['limit']:.2f}x limit)"
+            + (f", memory {mem[pick] / mem['naive']:.2f}x" if mem else "")
+            + f" [{pick}]"
+        )
         del model, batch
         gc.collect()
     from plots import speedup_png
-    png = speedup_png(args.out / ("zorro_train_cuda.png" if cuda else "zorro_train.png"), panels,
-                      f"ZoRRo Train vs naive forward+backward (prompt {P}, response {R}, G {G}, "
-                      + ("bf16 " + torch.cuda.get_device_name() if cuda else "fp32 CPU") + ")")
+
+    png = speedup_png(
+        args.out / ("zorro_train_cuda.png" if cuda else "zorro_train.png"),
+        panels,
+        f"ZoRRo Train vs naive forward+backward (prompt {P}, response {R}, G {G}, "
+        + ("bf16 " + torch.cuda.get_device_name() if cuda else "fp32 CPU")
+        + ")",
+    )
     print("\nsummary: " + "; ".join(summary) + f"; plot {png}")
 
 

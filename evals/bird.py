@@ -16,6 +16,7 @@ With --model (a Hugging Face folder, e.g. from `arctic-rl export`), predictions 
 (greedy) with vLLM alone (evals/sampler.py: --gpus, --tensor-parallel-size, --max-model-len, ...) and
 written to --predictions in the official format, then scored.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -46,8 +47,10 @@ def parse_predictions(path: Path) -> dict[int, tuple[str, str | None]]:
     except (OSError, ValueError) as e:
         raise ValueError(f"cannot read predictions file {path}: {e}") from e
     if not isinstance(raw, dict):
-        raise ValueError(f"predictions file {path} must hold a JSON object "
-                         f'{{"<question_id>": "<SQL>{BIRD_SEPARATOR!r}<db_id>"}}, got {type(raw).__name__}')
+        raise ValueError(
+            f"predictions file {path} must hold a JSON object "
+            f'{{"<question_id>": "<SQL>{BIRD_SEPARATOR!r}<db_id>"}}, got {type(raw).__name__}'
+        )
     out: dict[int, tuple[str, str | None]] = {}
     for key, value in raw.items():
         try:
@@ -66,8 +69,13 @@ def format_prediction(sql: str, db_id: str) -> str:
     return " ".join(sql.split()) + BIRD_SEPARATOR + db_id
 
 
-def evaluate(data_dir: Path, split: str, predictions: dict[int, tuple[str, str | None]],
-             timeout_s: float = BIRD_TIMEOUT_S, num_workers: int | None = None) -> dict[str, Any]:
+def evaluate(
+    data_dir: Path,
+    split: str,
+    predictions: dict[int, tuple[str, str | None]],
+    timeout_s: float = BIRD_TIMEOUT_S,
+    num_workers: int | None = None,
+) -> dict[str, Any]:
     """The EX report: {"ex", "count", "correct", "by_difficulty": {d: {"ex", "count", "correct"}},
     "missing": [...question ids without a prediction], "results": {qid: bool}}."""
     bird = load_bird_split(data_dir, split)
@@ -76,19 +84,23 @@ def evaluate(data_dir: Path, split: str, predictions: dict[int, tuple[str, str |
     for qid, (_, db_id) in predictions.items():
         rec = by_id.get(qid)
         if rec is not None and db_id is not None and db_id != rec["db_id"]:
-            raise ValueError(f"prediction for question_id {qid} names db_id {db_id!r}, "
-                             f"but the question is on {rec['db_id']!r}")
+            raise ValueError(
+                f"prediction for question_id {qid} names db_id {db_id!r}, but the question is on {rec['db_id']!r}"
+            )
     queries = [(bird.db_path(r["db_id"]), r["SQL"]) for r in records]
     have = [r for r in records if r["question_id"] in predictions]
     queries += [(bird.db_path(r["db_id"]), predictions[r["question_id"]][0]) for r in have]
-    with SQLSandbox(num_workers=num_workers) as box, \
-            tqdm(total=len(queries), desc=f"BIRD {split} EX", unit="query") as bar:
+    with (
+        SQLSandbox(num_workers=num_workers) as box,
+        tqdm(total=len(queries), desc=f"BIRD {split} EX", unit="query") as bar,
+    ):
         results = box.execute_many(queries, timeout_s=timeout_s, on_done=bar.update)
     gold = dict(zip((r["question_id"] for r in records), results[: len(records)]))
-    pred = dict(zip((r["question_id"] for r in have), results[len(records):]))
-    correct = {r["question_id"]: r["question_id"] in pred and results_match(pred[r["question_id"]],
-                                                                           gold[r["question_id"]])
-               for r in records}
+    pred = dict(zip((r["question_id"] for r in have), results[len(records) :]))
+    correct = {
+        r["question_id"]: r["question_id"] in pred and results_match(pred[r["question_id"]], gold[r["question_id"]])
+        for r in records
+    }
     missing = sorted(r["question_id"] for r in records if r["question_id"] not in predictions)
     return _report(records, correct, missing)
 
@@ -121,8 +133,9 @@ def print_report(report: dict[str, Any], out: Any = None) -> None:
     print("{:20} ".format("execution accuracy") + " ".join(f"{a:>12.2f}" for a in accs), file=out)
 
 
-def generate_predictions(examples: Sequence[dict], model_path: str, *, max_tokens: int = 4096,
-                         options: VLLMOptions | None = None) -> dict[int, str]:
+def generate_predictions(
+    examples: Sequence[dict], model_path: str, *, max_tokens: int = 4096, options: VLLMOptions | None = None
+) -> dict[int, str]:
     """question_id -> SQL, by greedy generation with vLLM (evals.sampler: no trainer is deployed). Prompts
     are the examples' messages with the model's chat template applied, plus the example's assistant_prefix;
     generation stops at the closing fence when the prefix opened one."""
@@ -133,13 +146,16 @@ def generate_predictions(examples: Sequence[dict], model_path: str, *, max_token
 
     tokenizer = AutoTokenizer.from_pretrained(model_path, local_files_only=True)
     prefixes = [ex.get("assistant_prefix", "") for ex in examples]
-    prompts = [tokenizer.apply_chat_template(ex["messages"], tokenize=False, add_generation_prompt=True) + p
-               for ex, p in zip(examples, prefixes)]
+    prompts = [
+        tokenizer.apply_chat_template(ex["messages"], tokenize=False, add_generation_prompt=True) + p
+        for ex, p in zip(examples, prefixes)
+    ]
     # The template already holds any BOS: no special tokens added again.
     ids = [tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts]
     stop = ["```"] if any(prefixes) else []
-    texts = generate(model_path, ids, {"max_tokens": max_tokens, "temperature": 0.0, "stop": stop},
-                     options or VLLMOptions())
+    texts = generate(
+        model_path, ids, {"max_tokens": max_tokens, "temperature": 0.0, "stop": stop}, options or VLLMOptions()
+    )
     # An answer without SQL still gets an entry (an empty query is wrong, not missing).
     return {ex["question_id"]: extract_sql(p + t) or "" for ex, p, t in zip(examples, prefixes, texts)}
 
@@ -157,17 +173,22 @@ def write_atomic(path: Path, text: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--data", type=Path, required=True, help="BIRD-layout folder (dev.json, dev_databases/)")
     parser.add_argument("--split", default="dev")
-    parser.add_argument("--predictions", type=Path, required=True,
-                        help="official prediction file (read; written first with --model)")
+    parser.add_argument(
+        "--predictions", type=Path, required=True, help="official prediction file (read; written first with --model)"
+    )
     parser.add_argument("--out", type=Path, help="write the report as JSON here")
     parser.add_argument("--model", help="generate the predictions with this model first")
     parser.add_argument("--max-tokens", type=int, default=4096, help="with --model: tokens per answer")
-    parser.add_argument("--recipe-options", default="{}",
-                        help='with --model: JSON of text2sql prompt options, e.g. \'{"num_shots": 2}\'')
+    parser.add_argument(
+        "--recipe-options",
+        default="{}",
+        help="with --model: JSON of text2sql prompt options, e.g. '{\"num_shots\": 2}'",
+    )
     parser.add_argument("--timeout-s", type=float, default=BIRD_TIMEOUT_S)
     parser.add_argument("--num-workers", type=int, default=None, help="sandbox worker processes")
     add_vllm_args(parser)
@@ -188,8 +209,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     print_report(report)
     if args.out:
         write_atomic(args.out, json.dumps(report, indent=2) + "\n")
-    print(f"[bird] EX {report['ex']:.2f}% ({report['correct']}/{report['count']}) on {args.split}; "
-          f"{len(report['missing'])} without a prediction", file=sys.stderr)
+    print(
+        f"[bird] EX {report['ex']:.2f}% ({report['correct']}/{report['count']}) on {args.split}; "
+        f"{len(report['missing'])} without a prediction",
+        file=sys.stderr,
+    )
     return report
 
 

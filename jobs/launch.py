@@ -74,8 +74,14 @@ def recipe_command(
     return [arctic, "run", config, *overrides, *extra]
 
 
-def validate_run(config: str, overrides: Sequence[str], nodes: int = 1, gpus_per_node: int = 0,
-                 cpus_per_node: int | None = None, plan: bool = True) -> str | None:
+def validate_run(
+    config: str,
+    overrides: Sequence[str],
+    nodes: int = 1,
+    gpus_per_node: int = 0,
+    cpus_per_node: int | None = None,
+    plan: bool = True,
+) -> str | None:
     """The run config with its overrides, validated here, on the submitting machine, before anything is
     queued: a wrong key fails in a second (naming the key and the allowed keys), not on a compute node after
     the job waited in the queue. On GPU nodes also `arctic-rl plan`'s check (engines per GPU, memory per GPU,
@@ -88,14 +94,24 @@ def validate_run(config: str, overrides: Sequence[str], nodes: int = 1, gpus_per
         if not (plan and gpus_per_node):
             return None
         from arctic_rl.plan import plan_run
+
         return plan_run(run, nodes, gpus_per_node, cpus_per_node, name=config).render()
     except ConfigError as err:
         hint = " (--skip-plan submits anyway)" if plan and gpus_per_node else ""
         raise ValueError(f"{err}{hint}") from None
 
 
-def prepare(recipe: str, config: str | None, overrides: Sequence[str], job_dir: Path, command: str | None = None,
-            nodes: int = 1, gpus_per_node: int = 0, cpus_per_node: int | None = None, plan: bool = True) -> list[str]:
+def prepare(
+    recipe: str,
+    config: str | None,
+    overrides: Sequence[str],
+    job_dir: Path,
+    command: str | None = None,
+    nodes: int = 1,
+    gpus_per_node: int = 0,
+    cpus_per_node: int | None = None,
+    plan: bool = True,
+) -> list[str]:
     """What both launchers do before submitting: resolve the config, validate it (and on GPU nodes plan it,
     printing the plan), build the command."""
     if is_native(command):

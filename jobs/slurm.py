@@ -28,7 +28,15 @@ from arctic_rl.tracking import default_tracking_uri
 from jobs import bootstrap, launch
 
 FINAL_STATES = {
-    "COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "BOOT_FAIL", "DEADLINE", "FINISHED",
+    "COMPLETED",
+    "FAILED",
+    "CANCELLED",
+    "TIMEOUT",
+    "OUT_OF_MEMORY",
+    "NODE_FAIL",
+    "BOOT_FAIL",
+    "DEADLINE",
+    "FINISHED",
     "INTERRUPTED",
 }
 
@@ -47,8 +55,11 @@ class RecipeJob(submitit.helpers.Checkpointable):
         except Exception:  # local/debug executors have no node list
             hostnames = []
         cfg = replace(
-            self.template, rank=env.global_rank, num_nodes=env.num_nodes,
-            head_host=hostnames[0] if hostnames else "127.0.0.1", hostnames=hostnames,
+            self.template,
+            rank=env.global_rank,
+            num_nodes=env.num_nodes,
+            head_host=hostnames[0] if hostnames else "127.0.0.1",
+            hostnames=hostnames,
         )
         code = bootstrap.run(cfg)
         if code != 0:
@@ -67,7 +78,8 @@ class RecipeJob(submitit.helpers.Checkpointable):
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="python -m jobs.slurm", description=__doc__.split("\n")[0],
+        prog="python -m jobs.slurm",
+        description=__doc__.split("\n")[0],
         epilog="Arguments of the form key=value, anywhere after `submit`, are passed to the recipe command.",
     )
     sub = p.add_subparsers(dest="action", required=True)
@@ -76,14 +88,20 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--config", help="recipe config YAML (default recipes/<recipe>/configs/default.yaml)")
     s.add_argument("--nodes", type=int, default=1)
     s.add_argument("--gpus-per-node", type=int, default=0)
-    s.add_argument("--cpus-per-node", type=int, help="CPUs per node (also Ray's --num-cpus); default: whole "
-                   "nodes (--exclusive), Ray counts their CPUs")
+    s.add_argument(
+        "--cpus-per-node",
+        type=int,
+        help="CPUs per node (also Ray's --num-cpus); default: whole nodes (--exclusive), Ray counts their CPUs",
+    )
     s.add_argument("--mem-gb", type=int, help="memory per node (default: the partition's default)")
     s.add_argument("--partition", help="Slurm partition (default: the cluster's default)")
     s.add_argument("--time", default="60", help="time limit, minutes or [D-]HH:MM:SS (default 60)")
     s.add_argument("--account")
-    s.add_argument("--command", help=f"run this command as given instead of `{launch.DEFAULT_COMMAND} CONFIG "
-                   "key=value ...` (a native verl or SkyRL baseline); takes no --config or overrides")
+    s.add_argument(
+        "--command",
+        help=f"run this command as given instead of `{launch.DEFAULT_COMMAND} CONFIG "
+        "key=value ...` (a native verl or SkyRL baseline); takes no --config or overrides",
+    )
     s.add_argument("--job-root", default=launch.DEFAULT_JOB_ROOT, help="where job folders are created")
     s.add_argument("--cluster", choices=["slurm", "local", "debug"], default="slurm")
     s.add_argument("--max-requeues", type=int, default=3, help="requeues after time-out (preemptions are unlimited)")
@@ -91,8 +109,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--register-timeout-s", type=float, default=300.0, help="wait for all nodes to join Ray")
     s.add_argument("--ray-args", default="", help="extra `ray start` flags for every node, one quoted string")
     s.add_argument("--wait", action="store_true", help="wait for the job to end and report how it ended")
-    s.add_argument("--skip-plan", action="store_true", help="submit even when `arctic-rl plan` (run first on GPU "
-                   "nodes) says the run cannot fit")
+    s.add_argument(
+        "--skip-plan",
+        action="store_true",
+        help="submit even when `arctic-rl plan` (run first on GPU nodes) says the run cannot fit",
+    )
     return p
 
 
@@ -101,7 +122,9 @@ def make_executor(args: argparse.Namespace, job_dir: Path) -> submitit.AutoExecu
         folder=job_dir / "submitit", cluster=args.cluster, slurm_max_num_timeout=args.max_requeues
     )
     params: dict[str, Any] = {
-        "name": f"arctic-rl-{args.recipe}", "nodes": args.nodes, "tasks_per_node": 1,
+        "name": f"arctic-rl-{args.recipe}",
+        "nodes": args.nodes,
+        "tasks_per_node": 1,
         "timeout_min": launch.parse_slurm_time(args.time),
     }
     if args.cpus_per_node:
@@ -127,14 +150,27 @@ def make_executor(args: argparse.Namespace, job_dir: Path) -> submitit.AutoExecu
 
 
 def make_template(args: argparse.Namespace, job_dir: Path) -> bootstrap.BootstrapConfig:
-    command = launch.prepare(args.recipe, args.config, args.overrides, job_dir, args.command, nodes=args.nodes,
-                             gpus_per_node=args.gpus_per_node, cpus_per_node=args.cpus_per_node,
-                             plan=not args.skip_plan)
+    command = launch.prepare(
+        args.recipe,
+        args.config,
+        args.overrides,
+        job_dir,
+        args.command,
+        nodes=args.nodes,
+        gpus_per_node=args.gpus_per_node,
+        cpus_per_node=args.cpus_per_node,
+        plan=not args.skip_plan,
+    )
     return bootstrap.BootstrapConfig(
-        command=command, job_dir=job_dir, num_cpus=args.cpus_per_node,
+        command=command,
+        job_dir=job_dir,
+        num_cpus=args.cpus_per_node,
         num_gpus=args.gpus_per_node if args.gpus_per_node else None,
-        ray_args=shlex.split(args.ray_args), register_timeout_s=args.register_timeout_s,
-        recipe=args.recipe, tracking_uri=default_tracking_uri(), workdir=Path.cwd(),
+        ray_args=shlex.split(args.ray_args),
+        register_timeout_s=args.register_timeout_s,
+        recipe=args.recipe,
+        tracking_uri=default_tracking_uri(),
+        workdir=Path.cwd(),
         signal_grace_s=60.0 if args.cluster == "slurm" else 0.0,
     )
 
@@ -144,8 +180,10 @@ def submit(args: argparse.Namespace) -> submitit.Job:
     job_dir = launch.new_job_dir(args.recipe, args.job_root)
     template = make_template(args, job_dir)
     job = make_executor(args, job_dir).submit(RecipeJob(template))
-    print(f"submitted job {job.job_id} ({args.cluster}): recipe {args.recipe}, {args.nodes} node(s) x "
-          f"{args.gpus_per_node} GPU(s), time {launch.parse_slurm_time(args.time)} min")
+    print(
+        f"submitted job {job.job_id} ({args.cluster}): recipe {args.recipe}, {args.nodes} node(s) x "
+        f"{args.gpus_per_node} GPU(s), time {launch.parse_slurm_time(args.time)} min"
+    )
     print(f"  job folder : {job_dir}")
     print(f"  command    : {shlex.join(template.command)}")
     print(f"  stdout     : {job.paths.stdout}")
@@ -159,8 +197,9 @@ def submit(args: argparse.Namespace) -> submitit.Job:
 
 def failed_nodes(job_id: str) -> dict[str, str]:
     """{node: why} for the job's nodes that Slurm has down, failed or drained (after NODE_FAIL)."""
-    out = subprocess.run(["sacct", "-n", "-X", "-P", "-j", str(job_id), "-o", "NodeList"], capture_output=True,
-                         text=True)
+    out = subprocess.run(
+        ["sacct", "-n", "-X", "-P", "-j", str(job_id), "-o", "NodeList"], capture_output=True, text=True
+    )
     nodelist = out.stdout.split()[0] if out.returncode == 0 and out.stdout.split() else ""
     if not nodelist:
         return {}

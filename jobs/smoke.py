@@ -22,8 +22,14 @@ from pathlib import Path
 import yaml
 
 DEFAULTS: dict[str, object] = {
-    "steps": 3, "step_s": 0.2, "engines": 1, "checkpoint.dir": "", "resume": "auto", "experiment": "",
-    "run_name": "smoke", "fail_at_step": -1,
+    "steps": 3,
+    "step_s": 0.2,
+    "engines": 1,
+    "checkpoint.dir": "",
+    "resume": "auto",
+    "experiment": "",
+    "run_name": "smoke",
+    "fail_at_step": -1,
 }
 
 
@@ -60,7 +66,9 @@ def place_engines(num_engines: int) -> list[str]:
     pg = placement_group([{"CPU": 0.01}] * num_engines, strategy="SPREAD")
     ray.get(pg.ready(), timeout=120)
     engines = [
-        Engine.options(scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=i)).remote()
+        Engine.options(
+            scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=i)
+        ).remote()
         for i in range(num_engines)
     ]
     node_ids = ray.get([e.node_id.remote() for e in engines])
@@ -72,7 +80,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     import ray
 
     from arctic_rl.tracking import (
-        TAG_BACKEND, TAG_FRAMEWORK, TAG_MODEL, TIMING_GEN, TIMING_STEP, TIMING_UPDATE_ACTOR, Tracker,
+        TAG_BACKEND,
+        TAG_FRAMEWORK,
+        TAG_MODEL,
+        TIMING_GEN,
+        TIMING_STEP,
+        TIMING_UPDATE_ACTOR,
+        Tracker,
     )
 
     cfg = parse(sys.argv[1:] if argv is None else argv)
@@ -85,9 +99,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     ray.init(address=os.environ.get("RAY_ADDRESS"), logging_level="ERROR", log_to_driver=False)
     nodes = [n for n in ray.nodes() if n["Alive"]]
     engine_nodes = place_engines(int(cfg["engines"]))
-    print(f"[smoke] {len(nodes)} Ray node(s); engines on node ranks {engine_nodes}; resume from step {start}", flush=True)
+    print(
+        f"[smoke] {len(nodes)} Ray node(s); engines on node ranks {engine_nodes}; resume from step {start}", flush=True
+    )
     experiment = str(cfg["experiment"] or os.environ.get("ARCTIC_RL_RECIPE", "smoke"))
-    tags = {TAG_FRAMEWORK: "arctic-rl", TAG_BACKEND: "arctic-rl", TAG_MODEL: "none", "engine_nodes": ",".join(engine_nodes)}
+    tags = {
+        TAG_FRAMEWORK: "arctic-rl",
+        TAG_BACKEND: "arctic-rl",
+        TAG_MODEL: "none",
+        "engine_nodes": ",".join(engine_nodes),
+    }
     with Tracker.start(experiment, run_name=str(cfg["run_name"]), tags=tags, params={"smoke": cfg}) as tracker:
         for step in range(start + 1, int(cfg["steps"]) + 1):
             if step == cfg["fail_at_step"]:
@@ -96,8 +117,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             time.sleep(float(cfg["step_s"]))
             elapsed = time.monotonic() - t0
             tracker.log_metrics(
-                {TIMING_GEN: elapsed * 0.6, TIMING_UPDATE_ACTOR: elapsed * 0.4, TIMING_STEP: elapsed,
-                 "cluster/nodes": len(nodes), "cluster/attempt": float(os.environ.get("SLURM_RESTART_COUNT", 0))},
+                {
+                    TIMING_GEN: elapsed * 0.6,
+                    TIMING_UPDATE_ACTOR: elapsed * 0.4,
+                    TIMING_STEP: elapsed,
+                    "cluster/nodes": len(nodes),
+                    "cluster/attempt": float(os.environ.get("SLURM_RESTART_COUNT", 0)),
+                },
                 step=step,
             )
             if ckpt_dir:

@@ -1,11 +1,12 @@
 """Shared fixtures. Nothing here downloads: models are tiny random ones built from configs."""
+
 from __future__ import annotations
 
 import os
 import signal
 import subprocess
-import time
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -38,10 +39,22 @@ def ray_cluster(tmp_path_factory):
     port = os.environ.get("ARCTIC_RL_TEST_RAY_PORT", "6391")
     # `ray start --block` in its own session: teardown stops exactly this cluster (`ray stop` would
     # kill every Ray on the machine, other people's included).
-    head = subprocess.Popen([RAY, "start", "--head", "--block", f"--port={port}", "--num-cpus=2",
-                             "--include-dashboard=false", "--disable-usage-stats"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
-                            env={**os.environ})
+    head = subprocess.Popen(
+        [
+            RAY,
+            "start",
+            "--head",
+            "--block",
+            f"--port={port}",
+            "--num-cpus=2",
+            "--include-dashboard=false",
+            "--disable-usage-stats",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+        env={**os.environ},
+    )
     address = f"127.0.0.1:{port}"
     deadline = time.time() + 120
     while subprocess.run([RAY, "status", f"--address={address}"], capture_output=True).returncode != 0:
@@ -54,7 +67,7 @@ def ray_cluster(tmp_path_factory):
         ray.shutdown()
     os.killpg(head.pid, signal.SIGTERM)
     try:
-        head.wait(timeout=5)   # `ray start --block` can sit out a SIGTERM for 30 s; nothing of it is kept
+        head.wait(timeout=5)  # `ray start --block` can sit out a SIGTERM for 30 s; nothing of it is kept
     except subprocess.TimeoutExpired:
         os.killpg(head.pid, signal.SIGKILL)
     os.environ.pop("RAY_ADDRESS", None)

@@ -1,5 +1,6 @@
 """A loss plugin for tests/test_security_deploy.py: the server imports it at start (server.loss_modules),
 and requests may then name what it registers."""
+
 from __future__ import annotations
 
 from arctic_rl import register_loss_fn, register_post_processor

@@ -1,4 +1,5 @@
 """GRPO / Dr.GRPO / RLOO advantages against a plain reference and verl 0.9.1's estimators."""
+
 from __future__ import annotations
 
 import importlib
@@ -60,8 +61,9 @@ def test_grpo_matches_verl(verl_core, norm_by_std):
     rewards_BR = torch.zeros(len(UIDS), R)
     rewards_BR[:, 0] = SCORES  # outcome reward: verl sums it over tokens
     index = np.array([str(u) for u in UIDS], dtype=object)
-    want_BR, _ = verl_core.compute_grpo_outcome_advantage(rewards_BR, mask_BR, index, epsilon=1e-6,
-                                                          norm_adv_by_std_in_grpo=norm_by_std)
+    want_BR, _ = verl_core.compute_grpo_outcome_advantage(
+        rewards_BR, mask_BR, index, epsilon=1e-6, norm_adv_by_std_in_grpo=norm_by_std
+    )
     got_B = grpo(SCORES, UIDS, norm_by_std=norm_by_std, eps=1e-6)
     torch.testing.assert_close(got_B.unsqueeze(-1) * mask_BR, want_BR)
 

@@ -4,6 +4,7 @@ One scenario runs over both transports: generate -> trainer log-probs agree with
 forward_backward + optimizer_step change the weights -> sync_weights -> the sampler's log-probs of the
 same tokens match the trainer's new ones.
 """
+
 from __future__ import annotations
 
 import os
@@ -16,8 +17,14 @@ import httpx
 import pytest
 import torch
 
-from arctic_rl import (ArcticRLClientConfig, BatchFormatError, ConfigError, EngineDeadError, UnknownNameError,
-                       create_arctic_rl_client)
+from arctic_rl import (
+    ArcticRLClientConfig,
+    BatchFormatError,
+    ConfigError,
+    EngineDeadError,
+    UnknownNameError,
+    create_arctic_rl_client,
+)
 from arctic_rl.batch import from_samples
 from arctic_rl.errors import AuthError
 
@@ -30,8 +37,9 @@ N = 4
 def make_config(model, **kw) -> ArcticRLClientConfig:
     training = {"dtype": "float32", "zero_stage": 1, "optimizer": {"lr": 1e-3}, "micro_batch_size": 4}
     training.update(kw.pop("training_config", {}))
-    return ArcticRLClientConfig(model_name=str(model), training_config=training,
-                                vllm_config={"max_seq_len": 512, "dtype": "float32"}, **kw)
+    return ArcticRLClientConfig(
+        model_name=str(model), training_config=training, vllm_config={"max_seq_len": 512, "dtype": "float32"}, **kw
+    )
 
 
 def rollout(client, seed=0):
@@ -76,7 +84,7 @@ def test_generate_train_sync_scenario(client):
     assert sync["checked_tensors"] > 0
     sampler = client.sampler_log_probs(seqs, lens)
     for i, row in enumerate(sampler):
-        assert torch.allclose(torch.tensor(row), new[i, :len(row)], atol=FP32_TOL)
+        assert torch.allclose(torch.tensor(row), new[i, : len(row)], atol=FP32_TOL)
 
 
 def test_bad_batches_are_rejected_with_the_key(client):
@@ -87,8 +95,13 @@ def test_bad_batches_are_rejected_with_the_key(client):
         client.log_probs(bad)
     bad = dict(batch, response_mask=batch["response_mask"][:, :-1])
     with pytest.raises(BatchFormatError, match=r"response_mask.*shape"):
-        client.forward_backward(dict(bad, old_log_probs=torch.zeros_like(batch["rollout_log_probs"]),
-                                     advantages=torch.zeros(len(batch["uid"]))))
+        client.forward_backward(
+            dict(
+                bad,
+                old_log_probs=torch.zeros_like(batch["rollout_log_probs"]),
+                advantages=torch.zeros(len(batch["uid"])),
+            )
+        )
     with pytest.raises(BatchFormatError, match="uid"):
         client.log_probs(dict(batch, uid=batch["uid"][:-1]))
     with pytest.raises(BatchFormatError, match="input_ids"):
@@ -120,24 +133,27 @@ def test_http_auth_and_garbage(client):
     r = httpx.post(f"{base}/v1/no_such_op", content=b"", headers=auth)
     assert r.status_code == 404
     from arctic_rl import wire
+
     r = httpx.post(f"{base}/v1/log_probs", content=wire.encode({"bogus": 1}), headers=auth)
     assert r.status_code == 400 and "bogus" in r.json()["message"]
     r = httpx.post(f"{base}/v1/health", headers=auth)
     assert r.status_code == 200
     with pytest.raises(AuthError):
-        ArcticRLClient = type(client)
         from arctic_rl.client.http_transport import HttpTransport
+
         HttpTransport(client.config.model_copy(update={"auth_token": "wrong"}))
     assert client.health()["ok"]
 
 
 def test_reconnect_from_a_new_driver_process(client):
     """A new driver process re-attaches to the running engines by job id (from the recorded state)."""
-    code = ("from arctic_rl import ArcticRLClientConfig, create_arctic_rl_client\n"
-            "cfg = ArcticRLClientConfig.reconnect_config()\n"
-            "c = create_arctic_rl_client(cfg)\n"
-            "s = c.generate(['hello'], {'n': 2, 'max_tokens': 3})\n"
-            "print('JOB', c.config.job_id, len(s))\n")
+    code = (
+        "from arctic_rl import ArcticRLClientConfig, create_arctic_rl_client\n"
+        "cfg = ArcticRLClientConfig.reconnect_config()\n"
+        "c = create_arctic_rl_client(cfg)\n"
+        "s = c.generate(['hello'], {'n': 2, 'max_tokens': 3})\n"
+        "print('JOB', c.config.job_id, len(s))\n"
+    )
     env = {**os.environ}
     if client.config.auth_token:  # the record holds no token: a new driver gets it from the environment
         env["ARCTIC_RL_TOKEN"] = client.config.auth_token

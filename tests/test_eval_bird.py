@@ -1,5 +1,6 @@
 """BIRD execution accuracy (evals/bird.py) on a tiny BIRD folder and a hand-written prediction
 file whose EX is computed by hand below."""
+
 from __future__ import annotations
 
 import json
@@ -16,18 +17,54 @@ from evals import bird  # noqa: E402
 
 SEP = "\t----- bird -----\t"
 DEV = [
-    {"question_id": 10, "db_id": "zoo", "difficulty": "simple", "question": "How many animals?", "evidence": "",
-     "SQL": "SELECT COUNT(*) FROM animal"},
-    {"question_id": 11, "db_id": "zoo", "difficulty": "simple", "question": "Names of cats?", "evidence": "",
-     "SQL": "SELECT name FROM animal WHERE species = 'cat'"},
-    {"question_id": 12, "db_id": "zoo", "difficulty": "simple", "question": "Heaviest animal?", "evidence": "",
-     "SQL": "SELECT name FROM animal ORDER BY weight DESC LIMIT 1"},
-    {"question_id": 13, "db_id": "zoo", "difficulty": "moderate", "question": "Animals per species?", "evidence": "",
-     "SQL": "SELECT species, COUNT(*) FROM animal GROUP BY species"},
-    {"question_id": 14, "db_id": "zoo", "difficulty": "moderate", "question": "Total weight?", "evidence": "",
-     "SQL": "SELECT SUM(weight) FROM animal"},
-    {"question_id": 15, "db_id": "zoo", "difficulty": "challenging", "question": "Cats above mean weight?",
-     "evidence": "", "SQL": "SELECT name FROM animal WHERE species = 'cat' AND weight > (SELECT AVG(weight) FROM animal)"},
+    {
+        "question_id": 10,
+        "db_id": "zoo",
+        "difficulty": "simple",
+        "question": "How many animals?",
+        "evidence": "",
+        "SQL": "SELECT COUNT(*) FROM animal",
+    },
+    {
+        "question_id": 11,
+        "db_id": "zoo",
+        "difficulty": "simple",
+        "question": "Names of cats?",
+        "evidence": "",
+        "SQL": "SELECT name FROM animal WHERE species = 'cat'",
+    },
+    {
+        "question_id": 12,
+        "db_id": "zoo",
+        "difficulty": "simple",
+        "question": "Heaviest animal?",
+        "evidence": "",
+        "SQL": "SELECT name FROM animal ORDER BY weight DESC LIMIT 1",
+    },
+    {
+        "question_id": 13,
+        "db_id": "zoo",
+        "difficulty": "moderate",
+        "question": "Animals per species?",
+        "evidence": "",
+        "SQL": "SELECT species, COUNT(*) FROM animal GROUP BY species",
+    },
+    {
+        "question_id": 14,
+        "db_id": "zoo",
+        "difficulty": "moderate",
+        "question": "Total weight?",
+        "evidence": "",
+        "SQL": "SELECT SUM(weight) FROM animal",
+    },
+    {
+        "question_id": 15,
+        "db_id": "zoo",
+        "difficulty": "challenging",
+        "question": "Cats above mean weight?",
+        "evidence": "",
+        "SQL": "SELECT name FROM animal WHERE species = 'cat' AND weight > (SELECT AVG(weight) FROM animal)",
+    },
 ]
 # Hand-scored: simple 2/3 (10 right, 11 right in another row order with a duplicate, 12 wrong),
 # moderate 1/2 (13 right with columns in the gold's order; 14 is a syntax error), challenging 0/1
@@ -60,8 +97,9 @@ def test_ex_by_difficulty(data: Path, tmp_path: Path, capsys: pytest.CaptureFixt
     preds = tmp_path / "predict_dev.json"
     preds.write_text(json.dumps(PREDICTIONS))
     out = tmp_path / "report.json"
-    report = bird.main(["--data", str(data), "--split", "dev", "--predictions", str(preds), "--out", str(out),
-                        "--num-workers", "1"])
+    report = bird.main(
+        ["--data", str(data), "--split", "dev", "--predictions", str(preds), "--out", str(out), "--num-workers", "1"]
+    )
     assert report["ex"] == 50.0 and report["count"] == 6 and report["correct"] == 3
     by = report["by_difficulty"]
     assert by["simple"] == {"ex": 66.67, "count": 3, "correct": 2}

@@ -1,5 +1,6 @@
 """LongBench v1 scoring on a hand-written prediction folder; expected numbers worked by hand
 (token F1 after LongBench's normalize_answer, best over answers, mean x100, 2 decimals)."""
+
 import json
 import shutil
 import subprocess
@@ -48,8 +49,11 @@ def test_all_tasks_found_in_the_folder():
 
 
 def test_empty_bucket_is_none():
-    assert longbench.task_score_by_length("hotpotqa", ["x"], [["x"]], [10]) == {"0-4k": 100.0, "4-8k": None,
-                                                                                "8k+": None}
+    assert longbench.task_score_by_length("hotpotqa", ["x"], [["x"]], [10]) == {
+        "0-4k": 100.0,
+        "4-8k": None,
+        "8k+": None,
+    }
 
 
 def test_bad_inputs_are_named(tmp_path):
@@ -65,8 +69,13 @@ def test_bad_inputs_are_named(tmp_path):
 def test_cli_writes_report_and_summary(tmp_path):
     pred_dir = tmp_path / "pred"
     shutil.copytree(PRED, pred_dir)
-    done = subprocess.run([sys.executable, "-m", "evals.longbench", "--pred-dir", str(pred_dir)], cwd=ROOT,
-                          capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-m", "evals.longbench", "--pred-dir", str(pred_dir)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr
     summary = done.stdout.strip().splitlines()[-1]
     assert summary.startswith("LongBench QA average 61.67 over 5 tasks (hotpotqa 58.33, 2wikimqa 83.33")

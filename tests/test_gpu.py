@@ -12,6 +12,7 @@ The rest need the `gpu` extra (vLLM 0.32's CUDA build, flash-attn) and Ray, and 
   ZoRRo Train through flash-attn's own varlen kernel, the FLASH_ATTN cascade step with vLLM's kernel,
   vLLM on CUDA with the ZoRRo backend installed, the backend on one GPU (DeepSpeed + vLLM + sync).
 """
+
 from __future__ import annotations
 
 import json
@@ -24,8 +25,10 @@ from pathlib import Path
 import pytest
 import torch
 
-pytestmark = [pytest.mark.slow,
-              pytest.mark.skipif(not torch.cuda.is_available(), reason="GPU checks (scripts/gpu_check.sh)")]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="GPU checks (scripts/gpu_check.sh)"),
+]
 
 
 def _cuda(batch: dict) -> dict:
@@ -56,6 +59,7 @@ def test_zorro_train_bf16_flash_on_cuda(name):
     backends = ["torch_varlen"]
     try:
         import flash_attn  # noqa: F401
+
         backends.append("flash_varlen")
     except ImportError:
         pass
@@ -69,16 +73,19 @@ def test_zorro_train_bf16_flash_on_cuda(name):
 
     def errors(out, grads):
         lp = (out["log_probs"].float() - out_ref["log_probs"])[m].abs().max().item()
-        g = max(((grads[k].float() - grads_ref[k]).norm() / grads_ref[k].norm().clamp(min=1e-12)).item()
-                for k in grads_ref)
+        g = max(
+            ((grads[k].float() - grads_ref[k]).norm() / grads_ref[k].norm().clamp(min=1e-12)).item() for k in grads_ref
+        )
         return lp, g
 
     lp_n, g_n = errors(out_n, grads_n)
     for attention in backends:
         out_z, loss_z, grads_z = run(model, batch, zorro=True, attention=attention)
         lp_z, g_z = errors(out_z, grads_z)
-        print(f"{name} {attention}: max |log-prob err| naive bf16 {lp_n:.3g}, zorro {lp_z:.3g}; "
-              f"worst relative grad err naive {g_n:.3g}, zorro {g_z:.3g}")
+        print(
+            f"{name} {attention}: max |log-prob err| naive bf16 {lp_n:.3g}, zorro {lp_z:.3g}; "
+            f"worst relative grad err naive {g_n:.3g}, zorro {g_z:.3g}"
+        )
         assert lp_z <= 2 * lp_n + 1e-2, (attention, lp_z, lp_n)
         assert g_z <= 2 * g_n + 1e-2, (attention, g_z, g_n)
         assert abs(loss_z.item() - loss_ref.item()) <= 2 * abs(loss_n.item() - loss_ref.item()) + 1e-2
@@ -87,16 +94,19 @@ def test_zorro_train_bf16_flash_on_cuda(name):
 def _torch_flash_attend(scale: float):
     """flash_attn_varlen_func's signature (paged KV, return_softmax_lse=True) over torch's FlashAttention-2
     kernel, which has no block table here: each sequence's blocks are gathered into one varlen batch."""
+
     def attend(q, k, v, cu_seqlens_q, max_seqlen_q, seqused_k, max_seqlen_k, block_table, causal):
         bs = k.shape[1]
         lens = seqused_k.tolist()
-        rows = [block_table[i, :-(-n // bs)] for i, n in enumerate(lens)]
+        rows = [block_table[i, : -(-n // bs)] for i, n in enumerate(lens)]
         keys = torch.cat([k[r].flatten(0, 1)[:n] for r, n in zip(rows, lens)])
         vals = torch.cat([v[r].flatten(0, 1)[:n] for r, n in zip(rows, lens)])
         cu_k = torch.tensor([0] + lens, device=q.device).cumsum(0).to(torch.int32)
-        out, lse = torch.ops.aten._flash_attention_forward(q, keys, vals, cu_seqlens_q, cu_k, max_seqlen_q,
-                                                           max_seqlen_k, 0.0, causal, False, scale=scale)[:2]
+        out, lse = torch.ops.aten._flash_attention_forward(
+            q, keys, vals, cu_seqlens_q, cu_k, max_seqlen_q, max_seqlen_k, 0.0, causal, False, scale=scale
+        )[:2]
         return out, lse
+
     return attend
 
 
@@ -109,9 +119,9 @@ def _paged_case(bs: int = 16, K: int = 2, H: int = 8, D: int = 64, prefix_blocks
     perm = torch.randperm(nblocks).tolist()
     shared, nxt, rows = perm[:prefix_blocks], prefix_blocks, []
     for i, s in enumerate(suffix):
-        own_prefix = shared if i < 6 else perm[nxt:nxt + prefix_blocks]
+        own_prefix = shared if i < 6 else perm[nxt : nxt + prefix_blocks]
         nxt += 0 if i < 6 else prefix_blocks
-        own = perm[nxt:nxt + -(-s // bs)]
+        own = perm[nxt : nxt + -(-s // bs)]
         nxt += len(own)
         rows.append(own_prefix + own)
     width = max(map(len, rows))
@@ -135,18 +145,19 @@ def test_cascade_step_on_cuda_flash():
     assert [g.rows for g in groups] == [tuple(range(6))] and groups[0].prefix_len == prefix_blocks * bs
     refs = []
     for i, n in enumerate(lens):
-        r = table[i, :-(-n // bs)].long()
+        r = table[i, : -(-n // bs)].long()
         k = kc[r].flatten(0, 1)[:n].double().transpose(0, 1).unsqueeze(0)
         v = vc[r].flatten(0, 1)[:n].double().transpose(0, 1).unsqueeze(0)
-        refs.append(attention_with_lse(q[i].double().view(1, H, 1, D), k, v, scale=D ** -0.5)[0][0, :, 0])
+        refs.append(attention_with_lse(q[i].double().view(1, H, 1, D), k, v, scale=D**-0.5)[0][0, :, 0])
     # plain; 4 query heads packed per KV head; packed with the prefix in 4 splits; each with the Triton
     # merge (where Triton is installed) and with the torch one
     for opts in ({}, {"heads_per_kv": H // K}, {"heads_per_kv": H // K, "split_tokens": 2 * bs}):
         for merge in ("1", "0"):
             os.environ["ARCTIC_RL_TRITON_MERGE"] = merge
             try:
-                out = cascade_decode_varlen(q, kc, vc, plan_cascade(table, lens, groups, bs, **opts),
-                                            _torch_flash_attend(D ** -0.5))
+                out = cascade_decode_varlen(
+                    q, kc, vc, plan_cascade(table, lens, groups, bs, **opts), _torch_flash_attend(D**-0.5)
+                )
             finally:
                 os.environ.pop("ARCTIC_RL_TRITON_MERGE")
             for i, ref in enumerate(refs):
@@ -172,8 +183,16 @@ def test_deepspeed_rank_on_cuda(tiny_llama):
     port = _free_port()
 
     def worker(zero_stage: int, dtype: str, zorro: bool) -> TrainingWorker:
-        cfg = ArcticRLClientConfig(model_name=str(tiny_llama), seed=0, training_config={
-            "dtype": dtype, "zero_stage": zero_stage, "optimizer": {"lr": 1e-3}, "zorro_train": {"enable": zorro}})
+        cfg = ArcticRLClientConfig(
+            model_name=str(tiny_llama),
+            seed=0,
+            training_config={
+                "dtype": dtype,
+                "zero_stage": zero_stage,
+                "optimizer": {"lr": 1e-3},
+                "zorro_train": {"enable": zorro},
+            },
+        )
         w = TrainingWorker(cfg.to_json(), rank=0, world_size=1)
         w.setup("127.0.0.1", port)
         return w
@@ -211,11 +230,24 @@ def test_cascade_step_with_the_real_kernel():
 
     q, kc, vc, table, lens = _paged_case()
     bs, D, G, prefix_blocks = kc.shape[1], q.shape[2], q.shape[0], 8
-    attend = lambda **kw: flash_attn_varlen_func(softmax_scale=D ** -0.5, return_softmax_lse=True,  # noqa: E731
-                                                 fa_version=get_flash_attn_version(), **kw)
+
+    def attend(**kw):
+        return flash_attn_varlen_func(
+            softmax_scale=D**-0.5, return_softmax_lse=True, fa_version=get_flash_attn_version(), **kw
+        )
+
     seq = torch.tensor(lens, dtype=torch.int32, device="cuda")
-    ref, _ = attend(q=q, k=kc, v=vc, cu_seqlens_q=torch.arange(G + 1, dtype=torch.int32, device="cuda"),
-                    max_seqlen_q=1, seqused_k=seq, max_seqlen_k=max(lens), block_table=table, causal=True)
+    ref, _ = attend(
+        q=q,
+        k=kc,
+        v=vc,
+        cu_seqlens_q=torch.arange(G + 1, dtype=torch.int32, device="cuda"),
+        max_seqlen_q=1,
+        seqused_k=seq,
+        max_seqlen_k=max(lens),
+        block_table=table,
+        causal=True,
+    )
     groups = find_groups(table.cpu(), lens, bs, min_prefix_len=bs)
     assert groups and groups[0].prefix_len == prefix_blocks * bs
     out = cascade_decode_varlen(q, kc, vc, plan_cascade(table, lens, groups, bs), attend)
@@ -242,10 +274,17 @@ def test_vllm_cuda_backend_end_to_end(tiny_llama):
     """vLLM on CUDA with the ZoRRo FLASH_ATTN backend: the cascade path runs and greedy samples of a
     cached prompt agree with vLLM's own attention (first token equal, log-probs close in fp16)."""
     pytest.importorskip("vllm")
+
     def gen(mode: str) -> dict:
         env = {k: v for k, v in os.environ.items() if k != "ARCTIC_ZORRO_INFERENCE"}
-        p = subprocess.run([sys.executable, "-c", _VLLM_CUDA, str(tiny_llama), mode], capture_output=True,
-                           text=True, timeout=900, env=env, cwd=Path(__file__).parents[1])
+        p = subprocess.run(
+            [sys.executable, "-c", _VLLM_CUDA, str(tiny_llama), mode],
+            capture_output=True,
+            text=True,
+            timeout=900,
+            env=env,
+            cwd=Path(__file__).parents[1],
+        )
         line = [x for x in p.stdout.splitlines() if x.startswith("RESULT ")]
         assert line, p.stderr[-3000:]
         return json.loads(line[-1][7:])

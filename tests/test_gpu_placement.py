@@ -1,5 +1,6 @@
 """GPU placement, on a Ray cluster that declares logical GPUs (the engines themselves run on CPU here):
 which engines share a device is decided by placement-group bundles, not by Ray packing fractional GPUs."""
+
 from __future__ import annotations
 
 import pytest
@@ -34,9 +35,16 @@ def _gpu(engine: dict) -> str:
 def test_colocated_engines_pair_up_on_devices(tiny_llama, two_gpu_cluster):
     import ray
 
-    c = create_arctic_rl_client(ArcticRLClientConfig(
-        model_name=str(tiny_llama), training_gpus=2, sampling_gpus=2, colocate=True,
-        training_config={"dtype": "float32"}, vllm_config={"max_seq_len": 256, "dtype": "float32"}))
+    c = create_arctic_rl_client(
+        ArcticRLClientConfig(
+            model_name=str(tiny_llama),
+            training_gpus=2,
+            sampling_gpus=2,
+            colocate=True,
+            training_config={"dtype": "float32"},
+            vllm_config={"max_seq_len": 256, "dtype": "float32"},
+        )
+    )
     try:
         e = c.health()["engines"]
         # Two trainer ranks on two devices; sampler i on trainer rank i's device; the reference
@@ -53,6 +61,7 @@ def test_colocated_engines_pair_up_on_devices(tiny_llama, two_gpu_cluster):
         c.shutdown()
     # shutdown hands the devices back (placement groups removed)
     import time
+
     deadline = time.time() + 30
     while ray.available_resources().get("GPU", 0) < 2 and time.time() < deadline:
         time.sleep(0.5)
@@ -60,9 +69,16 @@ def test_colocated_engines_pair_up_on_devices(tiny_llama, two_gpu_cluster):
 
 
 def test_split_engines_get_their_own_devices(tiny_llama, two_gpu_cluster):
-    c = create_arctic_rl_client(ArcticRLClientConfig(
-        model_name=str(tiny_llama), training_gpus=1, sampling_gpus=1, colocate=False,
-        training_config={"dtype": "float32"}, vllm_config={"max_seq_len": 256, "dtype": "float32"}))
+    c = create_arctic_rl_client(
+        ArcticRLClientConfig(
+            model_name=str(tiny_llama),
+            training_gpus=1,
+            sampling_gpus=1,
+            colocate=False,
+            training_config={"dtype": "float32"},
+            vllm_config={"max_seq_len": 256, "dtype": "float32"},
+        )
+    )
     try:
         e = c.health()["engines"]
         assert _gpu(e["training[0]"]) != _gpu(e["sampling[0]"]), e
@@ -79,18 +95,23 @@ def test_tensor_parallel_sampler_layout(two_gpu_cluster):
     from arctic_rl.server.controller import _GpuPlacer
 
     ray.init(address=two_gpu_cluster.address)
-    cfg = ArcticRLClientConfig(model_name="unused", training_gpus=2, sampling_gpus=2, vllm_config={"tensor_parallel_size": 2})
+    cfg = ArcticRLClientConfig(
+        model_name="unused", training_gpus=2, sampling_gpus=2, vllm_config={"tensor_parallel_size": 2}
+    )
     place = _GpuPlacer(cfg)
     try:
         opts, env = place.sampler(0)
         assert opts["num_gpus"] == 0 and opts["scheduling_strategy"].placement_group_bundle_index == 0
         assert opts["scheduling_strategy"].placement_group_capture_child_tasks  # vLLM's workers join the pool
-        assert env == {"VLLM_RAY_BUNDLE_INDICES": "0,1", "VLLM_RAY_PER_WORKER_GPUS": str(_GpuPlacer.FRAC),
-                       "RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES": "1"}
+        assert env == {
+            "VLLM_RAY_BUNDLE_INDICES": "0,1",
+            "VLLM_RAY_PER_WORKER_GPUS": str(_GpuPlacer.FRAC),
+            "RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES": "1",
+        }
         t1 = place.trainer(1)
         assert t1["num_gpus"] == _GpuPlacer.FRAC and t1["scheduling_strategy"].placement_group_bundle_index == 1
         # per device at most: trainer + reference + one TP worker
         assert 3 * _GpuPlacer.FRAC <= 1
-        assert ray.available_resources().get("GPU", 0) == 0   # the colocated pool holds both devices
+        assert ray.available_resources().get("GPU", 0) == 0  # the colocated pool holds both devices
     finally:
         place.release()

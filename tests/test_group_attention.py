@@ -1,5 +1,6 @@
 """ZoRRo's CPU cascade kernel (arctic_rl/zorro/group_attention.cpp) equals softmax attention in
 float64, reading keys in place from a paged cache in vLLM-CPU's layout or from contiguous tensors."""
+
 from __future__ import annotations
 
 import shutil
@@ -50,6 +51,7 @@ def vllm_cache(nblocks, K, bs, D, g):
 
     def value(blk, h, slot):
         return vc[blk, h, slot]
+
     return kc, vc, key, value
 
 
@@ -58,8 +60,10 @@ def reference(q, key, value, table, bs, starts, ends, scale):
     for b in range(q.shape[0]):
         ts = range(int(starts[b]), int(ends[b]))
         ks = torch.stack([torch.stack([key(int(table[b, t // bs]), h, t % bs) for t in ts]) for h in range(q.shape[1])])
-        vs = torch.stack([torch.stack([value(int(table[b, t // bs]), h, t % bs) for t in ts]) for h in range(q.shape[1])])
-        o, l = attention_with_lse(q[b:b + 1].double(), ks[None].double(), vs[None].double(), scale=scale)
+        vs = torch.stack(
+            [torch.stack([value(int(table[b, t // bs]), h, t % bs) for t in ts]) for h in range(q.shape[1])]
+        )
+        o, l = attention_with_lse(q[b : b + 1].double(), ks[None].double(), vs[None].double(), scale=scale)
         outs.append(o)
         lses.append(l)
     return torch.cat(outs), torch.cat(lses)
@@ -74,10 +78,10 @@ def test_paged_vllm_layout_equals_attention(R, D, kernel):
     K, bs, nblocks = 3, 32, 12
     kc, vc, key, value = vllm_cache(nblocks, K, bs, D, g)
     table = torch.randperm(nblocks, generator=g)[:10].view(2, 5).to(torch.int32)
-    starts, ends = torch.tensor([0, 64]), torch.tensor([150, 75])   # partial tiles; a start past the prefix
+    starts, ends = torch.tensor([0, 64]), torch.tensor([150, 75])  # partial tiles; a start past the prefix
     q = torch.randn(2, K, R, D, generator=g)
-    out, lse = ga.paged_group_attention(q, kc, vc, table, starts, ends, D ** -0.5, key_t_in_block=True)
-    ref_o, ref_l = reference(q, key, value, table, bs, starts, ends, D ** -0.5)
+    out, lse = ga.paged_group_attention(q, kc, vc, table, starts, ends, D**-0.5, key_t_in_block=True)
+    ref_o, ref_l = reference(q, key, value, table, bs, starts, ends, D**-0.5)
     torch.testing.assert_close(out.double(), ref_o, atol=2e-6, rtol=0)
     torch.testing.assert_close(lse.double(), ref_l, atol=2e-6, rtol=1e-6)
 
@@ -95,10 +99,11 @@ def test_contiguous_keys_and_empty_ranges(R, kernel):
     out, lse = ga.paged_group_attention(q, k, v, None, starts, ends, 0.3, key_t_in_block=False)
     for b in range(2):
         s, e = int(starts[b]), int(ends[b])
-        ref_o, ref_l = attention_with_lse(q[b:b + 1].double(), k[b:b + 1, :, s:e].double(), v[b:b + 1, :, s:e].double(),
-                                          scale=0.3)
-        torch.testing.assert_close(out[b:b + 1].double(), ref_o, atol=2e-6, rtol=0)
-        torch.testing.assert_close(lse[b:b + 1].double(), ref_l, atol=2e-6, rtol=1e-6)
+        ref_o, ref_l = attention_with_lse(
+            q[b : b + 1].double(), k[b : b + 1, :, s:e].double(), v[b : b + 1, :, s:e].double(), scale=0.3
+        )
+        torch.testing.assert_close(out[b : b + 1].double(), ref_o, atol=2e-6, rtol=0)
+        torch.testing.assert_close(lse[b : b + 1].double(), ref_l, atol=2e-6, rtol=1e-6)
     assert (out[2] == 0).all() and torch.isneginf(lse[2]).all()
 
 
@@ -112,30 +117,41 @@ def test_initial_state_is_merged(R, paged, kernel):
     q = torch.randn(B, K, R, D, generator=g)
     o0, l0 = torch.randn(B, K, R, D, generator=g), 3 * torch.randn(B, K, R, generator=g)
     l0[0, 1] = l0[2, 0] = float("-inf")
-    o0[0, 1] = o0[2, 0] = float("nan")   # never read where lse is -inf
+    o0[0, 1] = o0[2, 0] = float("nan")  # never read where lse is -inf
     starts, ends = torch.tensor([0, 32, 64]), torch.tensor([70, 100, 64])
     if paged:
         kc, vc, key, value = vllm_cache(12, K, bs, D, g)
         table = torch.randperm(12, generator=g)[:12].view(B, 4).to(torch.int32)
-        out, lse = ga.paged_group_attention(q, kc, vc, table, starts, ends, D ** -0.5, key_t_in_block=True,
-                                            init=(o0, l0))
-        ref_o, ref_l = reference(q[:2], key, value, table, bs, starts, ends, D ** -0.5)
+        out, lse = ga.paged_group_attention(q, kc, vc, table, starts, ends, D**-0.5, key_t_in_block=True, init=(o0, l0))
+        ref_o, ref_l = reference(q[:2], key, value, table, bs, starts, ends, D**-0.5)
     else:
         k, v = torch.randn(B, K, 128, D, generator=g), torch.randn(B, K, 128, D, generator=g)
-        out, lse = ga.paged_group_attention(q, k, v, None, starts, ends, D ** -0.5, key_t_in_block=False,
-                                            init=(o0, l0))
-        ref = [attention_with_lse(q[b:b + 1].double(), k[b:b + 1, :, s:e].double(), v[b:b + 1, :, s:e].double(),
-                                  scale=D ** -0.5) for b, s, e in [(0, 0, 70), (1, 32, 100)]]
+        out, lse = ga.paged_group_attention(q, k, v, None, starts, ends, D**-0.5, key_t_in_block=False, init=(o0, l0))
+        ref = [
+            attention_with_lse(
+                q[b : b + 1].double(), k[b : b + 1, :, s:e].double(), v[b : b + 1, :, s:e].double(), scale=D**-0.5
+            )
+            for b, s, e in [(0, 0, 70), (1, 32, 100)]
+        ]
         ref_o, ref_l = torch.cat([r[0] for r in ref]), torch.cat([r[1] for r in ref])
     o0d = torch.where(torch.isneginf(l0)[..., None], 0.0, o0).double()
     m_o, m_l = merge_attention_states(o0d[:2], l0[:2].double(), ref_o, ref_l)
     torch.testing.assert_close(out[:2].double(), m_o, atol=2e-6, rtol=0)
     torch.testing.assert_close(lse[:2].double(), m_l, atol=2e-6, rtol=1e-6)
-    torch.testing.assert_close(out[2], o0d[2].float())   # no keys: the initial state (0 where empty)
+    torch.testing.assert_close(out[2], o0d[2].float())  # no keys: the initial state (0 where empty)
     torch.testing.assert_close(lse[2], l0[2])
     with pytest.raises(ValueError, match="init needs fp32 out"):
-        ga.paged_group_attention(q, k if not paged else kc, v if not paged else vc, None if not paged else table,
-                                 starts, ends, 1.0, key_t_in_block=paged, init=(o0[:, :1], l0))
+        ga.paged_group_attention(
+            q,
+            k if not paged else kc,
+            v if not paged else vc,
+            None if not paged else table,
+            starts,
+            ends,
+            1.0,
+            key_t_in_block=paged,
+            init=(o0[:, :1], l0),
+        )
 
 
 @pytest.mark.parametrize("R", [1, 16])
@@ -146,8 +162,9 @@ def test_large_scores_stay_finite(R, kernel):
     kc, vc, key, value = vllm_cache(40, K, bs, D, g)
     table = torch.arange(40, dtype=torch.int32).view(1, 40)
     q = 20 * torch.randn(1, K, R, D, generator=g)
-    out, lse = ga.paged_group_attention(q, kc, vc, table, torch.tensor([0]), torch.tensor([600]), 1.0,
-                                        key_t_in_block=True)
+    out, lse = ga.paged_group_attention(
+        q, kc, vc, table, torch.tensor([0]), torch.tensor([600]), 1.0, key_t_in_block=True
+    )
     ref_o, ref_l = reference(q, key, value, table, bs, [0], [600], 1.0)
     assert torch.isfinite(out).all() and lse.abs().max() > 100
     # fp32 scores of this size carry ~1e-5 of rounding: torch's own fp32 flash kernel is 2.7e-5 off
@@ -167,5 +184,6 @@ def test_bad_inputs_are_named(kernel):
         kc8, vc8, _, _ = vllm_cache(4, 2, 8, 64, g)
         ga.paged_group_attention(q, kc8, vc8, table, torch.tensor([0]), torch.tensor([20]), 1.0, key_t_in_block=True)
     with pytest.raises(ValueError, match=r"caches \[blocks, 2, bs, 32\]"):
-        ga.paged_group_attention(torch.randn(1, 2, 16, 32), kc, vc, table, torch.tensor([0]), torch.tensor([9]), 1.0,
-                                 key_t_in_block=True)
+        ga.paged_group_attention(
+            torch.randn(1, 2, 16, 32), kc, vc, table, torch.tensor([0]), torch.tensor([9]), 1.0, key_t_in_block=True
+        )

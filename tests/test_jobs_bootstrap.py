@@ -13,17 +13,37 @@ RAY_ARGS = "--ray-args=--object-store-memory=100000000"
 
 
 def bootstrap_argv(job_dir: Path, rank: int, num_nodes: int, resource: str, timeout_s: float) -> list[str]:
-    return [sys.executable, "-m", "jobs.bootstrap", f"--job-dir={job_dir}", f"--nnodes={num_nodes}", f"--rank={rank}",
-            "--num-cpus=1", f'--resources={{"{resource}": 1}}', RAY_ARGS, f"--register-timeout-s={timeout_s}"]
-
+    return [
+        sys.executable,
+        "-m",
+        "jobs.bootstrap",
+        f"--job-dir={job_dir}",
+        f"--nnodes={num_nodes}",
+        f"--rank={rank}",
+        "--num-cpus=1",
+        f'--resources={{"{resource}": 1}}',
+        RAY_ARGS,
+        f"--register-timeout-s={timeout_s}",
+    ]
 
 
 @pytest.mark.slow
 def test_two_node_bootstrap_spreads_engines(tmp_path: Path) -> None:
     job_dir, uri = tmp_path / "job", f"sqlite:///{tmp_path / 'mlflow.db'}"
-    worker = subprocess.Popen(bootstrap_argv(job_dir, 1, 2, "node_b", 180), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    worker = subprocess.Popen(
+        bootstrap_argv(job_dir, 1, 2, "node_b", 180), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
     head_argv = bootstrap_argv(job_dir, 0, 2, "node_a", 180) + [
-        "--recipe=twonode", f"--tracking-uri={uri}", "--", sys.executable, "-m", "jobs.smoke", "-", "steps=1", "engines=2"]
+        "--recipe=twonode",
+        f"--tracking-uri={uri}",
+        "--",
+        sys.executable,
+        "-m",
+        "jobs.smoke",
+        "-",
+        "steps=1",
+        "engines=2",
+    ]
     head = subprocess.run(head_argv, capture_output=True, text=True, timeout=400)
     worker_out, _ = worker.communicate(timeout=120)
     assert head.returncode == 0, head.stdout[-3000:] + head.stderr[-3000:]

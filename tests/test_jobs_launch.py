@@ -40,7 +40,12 @@ def test_recipe_command_adds_checkpoint_and_resume(tmp_path: Path) -> None:
 def test_native_command_runs_as_given(tmp_path: Path) -> None:
     native = "python -m recipes.verl.main trainer.total_training_steps=2 'data.train_files=a b.parquet'"
     assert launch.recipe_command(None, [], tmp_path, native) == [
-        "python", "-m", "recipes.verl.main", "trainer.total_training_steps=2", "data.train_files=a b.parquet"]
+        "python",
+        "-m",
+        "recipes.verl.main",
+        "trainer.total_training_steps=2",
+        "data.train_files=a b.parquet",
+    ]
     with pytest.raises(ValueError, match="--command runs as given: put 'train.steps=2' into the command"):
         launch.recipe_command(None, ["train.steps=2"], tmp_path, native)
 
@@ -56,9 +61,24 @@ def test_wrong_key_fails_before_anything_is_queued(tmp_path: Path) -> None:
     """A typo'd override is refused on the submitting machine within seconds, naming the key and the allowed
     keys, and leaves no job folder behind (it used to fail on the compute node after the job queued)."""
     out = subprocess.run(
-        [sys.executable, "-m", "jobs.slurm", "submit", "--recipe", "text2sql", "trainer.steps=2", "--nodes", "2",
-         "--job-root", str(tmp_path / "jobs")],
-        cwd=REPO, capture_output=True, text=True, timeout=120)
+        [
+            sys.executable,
+            "-m",
+            "jobs.slurm",
+            "submit",
+            "--recipe",
+            "text2sql",
+            "trainer.steps=2",
+            "--nodes",
+            "2",
+            "--job-root",
+            str(tmp_path / "jobs"),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 2, out.stdout + out.stderr
     assert "trainer: Extra inputs are not permitted (allowed: model, backend, recipe" in out.stderr, out.stderr
     assert not (tmp_path / "jobs").exists()
@@ -92,10 +112,26 @@ def test_component_has_one_replica_per_node(tmp_path: Path, monkeypatch: pytest.
 def test_torchx_slurm_dryrun_writes_a_het_job(tmp_path: Path) -> None:
     """`torchx run --dryrun -s slurm` prints the sbatch script without needing Slurm."""
     out = subprocess.run(
-        [str(Path(sys.executable).with_name("torchx")), "run", "--dryrun", "-s", "slurm", "-cfg", "time=10",
-         str(REPO / "jobs" / "components.py") + ":recipe", "--recipe", "text2sql", "--nodes", "2",
-         "--", "train.steps=3"],
-        cwd=tmp_path, capture_output=True, text=True, timeout=120,
+        [
+            str(Path(sys.executable).with_name("torchx")),
+            "run",
+            "--dryrun",
+            "-s",
+            "slurm",
+            "-cfg",
+            "time=10",
+            str(REPO / "jobs" / "components.py") + ":recipe",
+            "--recipe",
+            "text2sql",
+            "--nodes",
+            "2",
+            "--",
+            "train.steps=3",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert out.returncode == 0, out.stderr
     script = out.stdout + out.stderr
@@ -117,10 +153,12 @@ def test_checkpoint_lets_the_requeue_survive_sigterm() -> None:
     )
 
     def child(call: str) -> list[str]:
-        out = subprocess.run([sys.executable, "-c", code.format(call=call)], cwd=REPO, capture_output=True,
-                             text=True, timeout=120)
+        out = subprocess.run(
+            [sys.executable, "-c", code.format(call=call)], cwd=REPO, capture_output=True, text=True, timeout=120
+        )
         assert out.returncode == 0, out.stderr
         return out.stdout.split()
+
     assert child("") == ["-15"]  # without the checkpoint, the child dies of the signal
     assert child("job.checkpoint()\n") == ["0", "alive"]
 
@@ -128,8 +166,9 @@ def test_checkpoint_lets_the_requeue_survive_sigterm() -> None:
 def test_launchers_plan_gpu_runs_before_queueing(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     """On GPU nodes both launchers run `arctic-rl plan` first: a run that fits prints its plan, one that
     cannot fit is refused with the plan's reasons before anything is queued (--skip-plan overrides)."""
-    cmd = launch.prepare("text2sql", None, ["backend.training_gpus=2", "backend.sampling_gpus=2"], tmp_path,
-                         nodes=2, gpus_per_node=1)
+    cmd = launch.prepare(
+        "text2sql", None, ["backend.training_gpus=2", "backend.sampling_gpus=2"], tmp_path, nodes=2, gpus_per_node=1
+    )
     assert cmd[1] == "run" and "engines" in capsys.readouterr().out.lower()
     big = str(REPO / "recipes" / "text2sql" / "configs" / "bird_qwen3_32b.yaml")
     with pytest.raises(ValueError, match=r"cannot (run|fit).*--skip-plan submits anyway"):

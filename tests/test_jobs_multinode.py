@@ -14,6 +14,7 @@ vLLM replicas of the demo model on one 24 GiB machine came within 5% of its memo
 killed a worker) and point MLflow at a temporary store. All share the one cluster `make test` brings up; where this
 kernel refuses network namespaces they skip, naming the reason scripts/slurm_cluster.sh wrote.
 """
+
 from __future__ import annotations
 
 import os
@@ -95,8 +96,14 @@ def store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> MlflowClient:
 
 def submit(argv: list[str]) -> tuple[str, Path, str]:
     """Runs a documented submit command; returns (Slurm job id, job folder, its output)."""
-    out = subprocess.run(local_argv(argv), cwd=REPO, capture_output=True, text=True, timeout=300,
-                         env={**os.environ, "PYTHONPATH": str(REPO)})
+    out = subprocess.run(
+        local_argv(argv),
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
     log = out.stdout + out.stderr
     assert out.returncode == 0, log
     job_id = re.search(r"submitted job (\d+)", log).group(1)
@@ -154,8 +161,10 @@ def test_submitit_two_nodes_preempted_resumes_each_step_once(cluster, store: Mlf
     subprocess.run(["scontrol", "requeue", job_id], check=True)
     # Slurm holds a requeued job (BeginTime ~2 min ahead); release it now to keep the test short.
     deadline = time.monotonic() + 120
-    while "JobState=PENDING" not in subprocess.run(["scontrol", "show", "job", job_id], capture_output=True,
-                                                  text=True).stdout:
+    while (
+        "JobState=PENDING"
+        not in subprocess.run(["scontrol", "show", "job", job_id], capture_output=True, text=True).stdout
+    ):
         assert time.monotonic() < deadline, "the requeued job never became PENDING"
         time.sleep(1)
     subprocess.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"], check=True)
@@ -173,8 +182,14 @@ def test_submitit_two_nodes_preempted_resumes_each_step_once(cluster, store: Mlf
 
 def test_torchx_two_nodes(cluster, store: MlflowClient, size: list[str]) -> None:
     argv = doc_command("torchx run -s slurm")
-    out = subprocess.run([*local_argv(argv), *size[1:]], cwd=REPO, capture_output=True, text=True, timeout=300,
-                         env={**os.environ, "PYTHONPATH": str(REPO)})
+    out = subprocess.run(
+        [*local_argv(argv), *size[1:]],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
     log = out.stdout + out.stderr
     match = re.search(r"slurm://[^/\s]+/(\d+)", log)
     assert out.returncode == 0 and match, log[-3000:]
@@ -199,8 +214,22 @@ def kill_node(name: str) -> int:
 
 def test_node_loss_ends_the_job_in_bounded_time_naming_the_node(cluster, store: MlflowClient) -> None:
     smoke = f"{sys.executable} -m jobs.smoke - steps=200 step_s=1 engines=2"
-    argv = ["python", "-m", "jobs.slurm", "submit", "--recipe", "smoke", "--command", smoke, "--nodes", "2",
-            "--time", "15", "--max-requeues", "0"]
+    argv = [
+        "python",
+        "-m",
+        "jobs.slurm",
+        "submit",
+        "--recipe",
+        "smoke",
+        "--command",
+        smoke,
+        "--nodes",
+        "2",
+        "--time",
+        "15",
+        "--max-requeues",
+        "0",
+    ]
     job_id, job_dir, _ = submit(argv)
     out = lambda: "".join(p.read_text(errors="replace") for p in (job_dir / "submitit").glob("*_0_log.*"))  # noqa: E731
     deadline = time.monotonic() + 300
@@ -218,14 +247,20 @@ def test_node_loss_ends_the_job_in_bounded_time_naming_the_node(cluster, store: 
         if state == "FAILED":
             assert f"node {NODES[1]} (rank 1) left the job's Ray cluster" in out(), out()[-3000:]
         elif state == "NODE_FAIL":
-            assert NODES[1] in slurm.failed_nodes(job_id), subprocess.run(["sinfo", "-N"], capture_output=True,
-                                                                          text=True).stdout
+            assert NODES[1] in slurm.failed_nodes(job_id), subprocess.run(
+                ["sinfo", "-N"], capture_output=True, text=True
+            ).stdout
         print(f"node loss: job {job_id} {state} {elapsed:.0f} s after {NODES[1]} died")
     finally:
         subprocess.run(["scancel", job_id], check=False)
         # The node "reboots": its slurmd comes back and the node returns to service.
-        up = subprocess.run(local_argv(doc_command("sudo scripts/slurm_cluster.sh up")), cwd=REPO,
-                            capture_output=True, text=True, timeout=300)
+        up = subprocess.run(
+            local_argv(doc_command("sudo scripts/slurm_cluster.sh up")),
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         assert up.returncode == 0, up.stdout + up.stderr
 
 
@@ -237,8 +272,9 @@ def placement_from_log(text: str) -> dict[str, str]:
 
 
 @pytest.mark.parametrize("framework", ["verl", "skyrl"])
-def test_framework_path_on_two_nodes(cluster, store: MlflowClient, tiny_llama: Path, tmp_path: Path,
-                                     framework: str) -> None:
+def test_framework_path_on_two_nodes(
+    cluster, store: MlflowClient, tiny_llama: Path, tmp_path: Path, framework: str
+) -> None:
     """verl's own trainer (recipes/verl/run_tiny.sh) and SkyRL's (recipes/skyrl/run_tiny.sh: SkyRL in its own
     Python and Ray, the arctic-rl server it starts over HTTP joining the job's Ray) as a 2-node job through the
     same launcher (`--command`, run as given): arctic-rl's engines span both hosts."""
@@ -246,13 +282,29 @@ def test_framework_path_on_two_nodes(cluster, store: MlflowClient, tiny_llama: P
         pytest.fail("no .venv-skyrl: run scripts/setup_skyrl_env.sh (make test does)")
     arctic = "+actor_rollout_ref.arctic" if framework == "verl" else "+trainer.arctic"
     project = f"{framework}-2nodes"
-    command = (f"bash {REPO}/recipes/{framework}/run_tiny.sh {tiny_llama} {arctic}.training_gpus=2 "
-               f"{arctic}.sampling_gpus=2 trainer.project_name={project}")
+    command = (
+        f"bash {REPO}/recipes/{framework}/run_tiny.sh {tiny_llama} {arctic}.training_gpus=2 "
+        f"{arctic}.sampling_gpus=2 trainer.project_name={project}"
+    )
     env_out = {"verl": "VERL_OUT", "skyrl": "SKYRL_OUT"}[framework]
     os.environ[env_out] = str(tmp_path / "out")  # read by run_tiny.sh inside the job (sbatch exports the env)
     try:
-        job_id, job_dir, _ = submit(["python", "-m", "jobs.slurm", "submit", "--recipe", project, "--command",
-                                     command, "--nodes", "2", "--time", "20"])
+        job_id, job_dir, _ = submit(
+            [
+                "python",
+                "-m",
+                "jobs.slurm",
+                "submit",
+                "--recipe",
+                project,
+                "--command",
+                command,
+                "--nodes",
+                "2",
+                "--time",
+                "20",
+            ]
+        )
     finally:
         del os.environ[env_out]
     state = wait_state(job_id, {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL"}, JOB_TIMEOUT_S)

@@ -35,7 +35,9 @@ def slurm_up() -> None:
             pytest.fail(f"`{tool}` not on PATH: start Slurm with `sudo scripts/slurm_setup.sh`")
     states = subprocess.run(["sinfo", "-h", "-o", "%T"], capture_output=True, text=True)
     if states.returncode != 0 or not re.search(r"idle|mixed|allocated", states.stdout):
-        pytest.fail(f"Slurm is not up (sinfo: {states.stdout.strip() or states.stderr.strip()}); run scripts/slurm_setup.sh")
+        pytest.fail(
+            f"Slurm is not up (sinfo: {states.stdout.strip() or states.stderr.strip()}); run scripts/slurm_setup.sh"
+        )
     if subprocess.run(["sacct", "-n", "-X"], capture_output=True).returncode != 0:
         pytest.fail("sacct does not answer (slurmdbd down?): run scripts/slurm_setup.sh")
 
@@ -50,8 +52,19 @@ def workdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 def submit(recipe: str, *overrides: str, time_limit: str = "10") -> "slurm.submitit.Job":
     args, _ = slurm.build_parser().parse_known_args(
-        ["submit", "--recipe", recipe, "--command", " ".join([SMOKE, *overrides]), RAY_ARGS, "--time", time_limit,
-         "--cpus-per-node", "1"])
+        [
+            "submit",
+            "--recipe",
+            recipe,
+            "--command",
+            " ".join([SMOKE, *overrides]),
+            RAY_ARGS,
+            "--time",
+            time_limit,
+            "--cpus-per-node",
+            "1",
+        ]
+    )
     args.overrides = []
     return slurm.submit(args)
 
@@ -92,9 +105,25 @@ def test_submitit_job_logs_to_mlflow(workdir: Path) -> None:
 def test_torchx_slurm_job_logs_to_mlflow(workdir: Path) -> None:
     torchx = str(Path(sys.executable).with_name("torchx"))
     out = subprocess.run(
-        [torchx, "run", "--wait", "-s", "slurm", "-cfg", "time=10", f"{REPO}/jobs/components.py:recipe",
-         "--recipe", "slurm-torchx", "--command", f"{SMOKE} steps=2", f"--ray_args={RAY_ARGS.split('=', 1)[1]}"],
-        cwd=workdir, capture_output=True, text=True, timeout=JOB_TIMEOUT_S,
+        [
+            torchx,
+            "run",
+            "--wait",
+            "-s",
+            "slurm",
+            "-cfg",
+            "time=10",
+            f"{REPO}/jobs/components.py:recipe",
+            "--recipe",
+            "slurm-torchx",
+            "--command",
+            f"{SMOKE} steps=2",
+            f"--ray_args={RAY_ARGS.split('=', 1)[1]}",
+        ],
+        cwd=workdir,
+        capture_output=True,
+        text=True,
+        timeout=JOB_TIMEOUT_S,
     )
     log = out.stdout + out.stderr
     match = re.search(r"slurm://[^/\s]+/(\d+)", log)

@@ -1,5 +1,6 @@
 """The published-setup config parses, its recipe options are ones the recipe knows, and its YaRN
 section produces a 128K rope for Qwen3's 32K window."""
+
 from pathlib import Path
 
 import yaml

@@ -1,5 +1,6 @@
 """Loaders for each source format, on the hand-written files in tests/data/longqa, and the prompts
 built from them."""
+
 import json
 from pathlib import Path
 
@@ -7,8 +8,13 @@ import pytest
 
 from recipes import longqa
 from recipes.longqa import data
-from recipes.longqa.prompts import (LONGBENCH_PROMPTS, format_passages, select_passages, truncate_middle,
-                                    whitespace_length)
+from recipes.longqa.prompts import (
+    LONGBENCH_PROMPTS,
+    format_passages,
+    select_passages,
+    truncate_middle,
+    whitespace_length,
+)
 from recipes.longqa.schema import Passage
 
 DATA = Path(__file__).parent / "data" / "longqa"
@@ -26,9 +32,11 @@ def test_hotpotqa_distractor(cache):
     assert [p.title for p in bridge.passages if p.is_supporting] == ["Kiss and Tell (1945 film)", "Shirley Temple"]
     assert bridge.wrong_answers == []  # real HotpotQA has none
     # Sentences carry their leading space, as HotpotQA writes them.
-    assert bridge.passages[2].text.endswith("American actress and diplomat. She was named United States Ambassador "
-                                            "to Ghana and to Czechoslovakia and also served as Chief of Protocol of "
-                                            "the United States.")
+    assert bridge.passages[2].text.endswith(
+        "American actress and diplomat. She was named United States Ambassador "
+        "to Ghana and to Czechoslovakia and also served as Chief of Protocol of "
+        "the United States."
+    )
 
 
 def test_hotpotqa_fullwiki(cache):
@@ -80,8 +88,9 @@ def test_longbench_errors_name_the_option():
 
 
 def test_contract_examples_from_hotpotqa(cache):
-    examples = longqa.load_examples("dev", data_format="hotpotqa", data_path=str(DATA / "hotpot_distractor.json"),
-                                    cache_dir=cache)
+    examples = longqa.load_examples(
+        "dev", data_format="hotpotqa", data_path=str(DATA / "hotpot_distractor.json"), cache_dir=cache
+    )
     ex = examples[0]
     assert ex["answers"] == ["yes"] and ex["reward_mode"] == "substring"
     (message,) = ex["messages"]
@@ -94,8 +103,13 @@ def test_contract_examples_from_hotpotqa(cache):
 
 
 def test_budget_keeps_supporting_passages(cache):
-    (ex, _) = longqa.load_examples("dev", data_format="hotpotqa", data_path=str(DATA / "hotpot_distractor.json"),
-                                   context_tokens=60, cache_dir=cache)
+    (ex, _) = longqa.load_examples(
+        "dev",
+        data_format="hotpotqa",
+        data_path=str(DATA / "hotpot_distractor.json"),
+        context_tokens=60,
+        cache_dir=cache,
+    )
     prompt = ex["messages"][0]["content"]
     assert "Scott Derrickson\n" in prompt and "Ed Wood\n" in prompt
     assert "Adam Collis" not in prompt and "Tyler Bates" not in prompt
@@ -111,19 +125,28 @@ def test_data_path_split_pattern_and_mapping(cache):
 
 
 def test_longbench_prompt_uses_its_template(cache):
-    (ex,) = longqa.load_examples("test", data_format="longbench", data_path=str(DATA / "longbench"), task="hotpotqa",
-                                 cache_dir=cache)
+    (ex,) = longqa.load_examples(
+        "test", data_format="longbench", data_path=str(DATA / "longbench"), task="hotpotqa", cache_dir=cache
+    )
     prompt = ex["messages"][0]["content"]
-    context = "Passage 1:\nEiffel Tower\nThe Eiffel Tower is a wrought-iron lattice tower in France.\nPassage 2:\n" \
-              "France\nThe capital of France is Paris; {braces} stay as written."
+    context = (
+        "Passage 1:\nEiffel Tower\nThe Eiffel Tower is a wrought-iron lattice tower in France.\nPassage 2:\n"
+        "France\nThe capital of France is Paris; {braces} stay as written."
+    )
     question = "Which city is the capital of the country where the Eiffel Tower stands?"
     assert prompt == LONGBENCH_PROMPTS["hotpotqa"].replace("{context}", context).replace("{input}", question)
     assert ex["length"] == 30
 
 
 def test_boxed_style_and_options_are_checked(cache):
-    (ex,) = longqa.load_examples("test", data_format="longbench", data_path=str(DATA / "longbench"), task="hotpotqa",
-                                 prompt_style="boxed", cache_dir=cache)
+    (ex,) = longqa.load_examples(
+        "test",
+        data_format="longbench",
+        data_path=str(DATA / "longbench"),
+        task="hotpotqa",
+        prompt_style="boxed",
+        cache_dir=cache,
+    )
     assert "\\boxed{answer}" in ex["messages"][0]["content"]
     with pytest.raises(ValueError, match="prompt_style"):
         longqa.load_examples("test", prompt_style="chatty")
@@ -134,18 +157,24 @@ def test_boxed_style_and_options_are_checked(cache):
 def test_pad_from_pool_fills_the_budget(cache):
     path = str(DATA / "hotpot_distractor.json")
     plain = longqa.load_examples("dev", data_format="hotpotqa", data_path=path, cache_dir=cache)
-    padded = longqa.load_examples("dev", data_format="hotpotqa", data_path=path, context_tokens=400,
-                                  pad_from_pool=True, cache_dir=cache)
-    again = longqa.load_examples("dev", data_format="hotpotqa", data_path=path, context_tokens=400,
-                                 pad_from_pool=True, cache_dir=cache)
+    padded = longqa.load_examples(
+        "dev", data_format="hotpotqa", data_path=path, context_tokens=400, pad_from_pool=True, cache_dir=cache
+    )
+    again = longqa.load_examples(
+        "dev", data_format="hotpotqa", data_path=path, context_tokens=400, pad_from_pool=True, cache_dir=cache
+    )
     assert padded == again  # seeded
     assert "Shirley Temple" in padded[0]["messages"][0]["content"]  # a passage of the other question
     assert len(padded[0]["messages"][0]["content"]) > len(plain[0]["messages"][0]["content"])
 
 
 def test_select_passages_respects_budget_and_order():
-    passages = [Passage("d1", "one two three " * 10), Passage("s1", "gold fact", True),
-                Passage("d2", "four five"), Passage("s2", "second fact", True)]
+    passages = [
+        Passage("d1", "one two three " * 10),
+        Passage("s1", "gold fact", True),
+        Passage("d2", "four five"),
+        Passage("s2", "second fact", True),
+    ]
     # Costs add up per passage (each rounded up), so the budget is their sum.
     budget = sum(whitespace_length(format_passages([p])) for p in passages[1:])
     kept = select_passages(passages, budget)

@@ -1,74 +1,87 @@
 """Answer extraction, normalization and scoring of the longqa reward, on hand-written cases."""
+
 import pytest
 
 from recipes import longqa
 from recipes.longqa.reward import extract_answer, match_score, normalize_answer, score, token_f1
 
 
-@pytest.mark.parametrize("text, expected", [
-    ("The  Beatles!", "beatles"),
-    ("An apple a day", "apple day"),
-    ("Theater of the Absurd", "theater of absurd"),  # articles only as whole words
-    ("  New\tYork \n City ", "new york city"),
-    ("1,000", "1000"),
-    ("3.14", "314"),  # the official rule drops the decimal point too
-    ("$5 (50%)", "5 50"),
-    ("Nineteen-eighty", "nineteeneighty"),
-    ("São Paulo", "são paulo"),  # accents are kept, as in the official scripts
-    ("", ""),
-])
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("The  Beatles!", "beatles"),
+        ("An apple a day", "apple day"),
+        ("Theater of the Absurd", "theater of absurd"),  # articles only as whole words
+        ("  New\tYork \n City ", "new york city"),
+        ("1,000", "1000"),
+        ("3.14", "314"),  # the official rule drops the decimal point too
+        ("$5 (50%)", "5 50"),
+        ("Nineteen-eighty", "nineteeneighty"),
+        ("São Paulo", "são paulo"),  # accents are kept, as in the official scripts
+        ("", ""),
+    ],
+)
 def test_normalize_matches_official_rules(text, expected):
     assert normalize_answer(text) == expected
     assert normalize_answer(text, unicode=False) == expected
 
 
-@pytest.mark.parametrize("text, reward_form, official_form", [
-    ("“Paris”", "paris", "“paris”"),  # curly quotes are not in string.punctuation
-    ("Ｐａｒｉｓ", "paris", "ｐａｒｉｓ"),  # full-width letters fold under NFKC
-    ("Paris…", "paris", "paris…"),
-    ("ﬁve", "five", "ﬁve"),
-])
+@pytest.mark.parametrize(
+    "text, reward_form, official_form",
+    [
+        ("“Paris”", "paris", "“paris”"),  # curly quotes are not in string.punctuation
+        ("Ｐａｒｉｓ", "paris", "ｐａｒｉｓ"),  # full-width letters fold under NFKC
+        ("Paris…", "paris", "paris…"),
+        ("ﬁve", "five", "ﬁve"),
+    ],
+)
 def test_unicode_normalization_only_in_reward_form(text, reward_form, official_form):
     assert normalize_answer(text) == reward_form
     assert normalize_answer(text, unicode=False) == official_form
 
 
-@pytest.mark.parametrize("completion, expected", [
-    ("\\boxed{Paris}", "Paris"),
-    ("first \\boxed{Rome}, finally \\boxed{Paris}", "Paris"),
-    ("\\boxed{f(x) = {1}}", "f(x) = {1}"),  # nested braces
-    ("\\boxed{Paris} then a broken \\boxed{Lon", "Paris"),  # unbalanced last box is skipped
-    ("Reasoning here.\nAnswer: Velmora", "Velmora"),
-    ("Answer: Rome\nWait, no.\nAnswer: Velmora", "Velmora"),  # the last answer line
-    ("**Final Answer:** Velmora", "Velmora"),
-    ("So the answer is Velmora.", "So the answer is Velmora."),  # not at line start: first line
-    ("The answer is Velmora.", "Velmora."),
-    ("Answer:\n\nVelmora\nmore text", "Velmora"),  # answer on the next line
-    ("Answer the question carefully\nParis", "Answer the question carefully"),  # not an answer line
-    ("\n\nVelmora\nBecause the passage says so.", "Velmora"),
-    ("<think>It could be Paris.</think>\nLondon", "London"),
-    ("<think>It could be Paris, I think", ""),  # never finished thinking: no answer
-    ("", ""),
-])
+@pytest.mark.parametrize(
+    "completion, expected",
+    [
+        ("\\boxed{Paris}", "Paris"),
+        ("first \\boxed{Rome}, finally \\boxed{Paris}", "Paris"),
+        ("\\boxed{f(x) = {1}}", "f(x) = {1}"),  # nested braces
+        ("\\boxed{Paris} then a broken \\boxed{Lon", "Paris"),  # unbalanced last box is skipped
+        ("Reasoning here.\nAnswer: Velmora", "Velmora"),
+        ("Answer: Rome\nWait, no.\nAnswer: Velmora", "Velmora"),  # the last answer line
+        ("**Final Answer:** Velmora", "Velmora"),
+        ("So the answer is Velmora.", "So the answer is Velmora."),  # not at line start: first line
+        ("The answer is Velmora.", "Velmora."),
+        ("Answer:\n\nVelmora\nmore text", "Velmora"),  # answer on the next line
+        ("Answer the question carefully\nParis", "Answer the question carefully"),  # not an answer line
+        ("\n\nVelmora\nBecause the passage says so.", "Velmora"),
+        ("<think>It could be Paris.</think>\nLondon", "London"),
+        ("<think>It could be Paris, I think", ""),  # never finished thinking: no answer
+        ("", ""),
+    ],
+)
 def test_extract_answer(completion, expected):
     assert extract_answer(completion) == expected
 
 
-@pytest.mark.parametrize("completion, answers, expected", [
-    ("Answer: the city of Velmora.", ["Velmora"], 1.0),  # gold inside the prediction
-    ("Velmora", ["Velmora Province"], 0.0),  # a part of the gold is not the gold (LongBench's direction)
-    ("Lorsen", ["Bram Lorsen"], 0.0),
-    ("John", ["John Lennon"], 0.0),
-    ("Answer: John Lennon of the Beatles", ["John Lennon"], 1.0),
-    ("V", ["Velmora"], 0.0),  # whole words only: no reward for a letter
-    ("ora", ["Velmora"], 0.0),
-    ("Answer: a", ["A"], 0.0),  # both normalize to nothing
-    ("", ["Paris"], 0.0),
-    ("London", ["Paris", "City of Paris"], 0.0),
-    ("Answer: City of Paris", ["Paris", "Lutetia"], 1.0),
-    ("“Paris”", ["Paris"], 1.0),
-    ("1,000 people", ["1000"], 1.0),
-])
+@pytest.mark.parametrize(
+    "completion, answers, expected",
+    [
+        ("Answer: the city of Velmora.", ["Velmora"], 1.0),  # gold inside the prediction
+        ("Velmora", ["Velmora Province"], 0.0),  # a part of the gold is not the gold (LongBench's direction)
+        ("Lorsen", ["Bram Lorsen"], 0.0),
+        ("John", ["John Lennon"], 0.0),
+        ("Answer: John Lennon of the Beatles", ["John Lennon"], 1.0),
+        ("V", ["Velmora"], 0.0),  # whole words only: no reward for a letter
+        ("ora", ["Velmora"], 0.0),
+        ("Answer: a", ["A"], 0.0),  # both normalize to nothing
+        ("", ["Paris"], 0.0),
+        ("London", ["Paris", "City of Paris"], 0.0),
+        ("Answer: City of Paris", ["Paris", "Lutetia"], 1.0),
+        ("“Paris”", ["Paris"], 1.0),
+        ("1,000 people", ["1000"], 1.0),
+    ],
+)
 def test_substring_score(completion, answers, expected):
     assert score(completion, answers) == expected
 

@@ -1,4 +1,5 @@
 """The synthetic multi-hop generator: reproducible, answers present verbatim, budgets kept."""
+
 import json
 import subprocess
 import sys
@@ -47,11 +48,16 @@ def test_answer_is_in_supporting_passages_and_budget_is_kept(filler, hops):
 
 
 def test_difficulty_knobs():
-    easy = synth.make_example(0, seed=1, context_tokens=100_000, num_distractors=0, filler="essays",
-                              question_types=["bridge_birthplace"])
-    hard = synth.make_example(0, seed=1, context_tokens=100_000, num_distractors=6, filler="essays",
-                              question_types=["bridge_birthplace"])
-    count = lambda r: sum("essay, part" not in t for t, _ in r["context"])
+    easy = synth.make_example(
+        0, seed=1, context_tokens=100_000, num_distractors=0, filler="essays", question_types=["bridge_birthplace"]
+    )
+    hard = synth.make_example(
+        0, seed=1, context_tokens=100_000, num_distractors=6, filler="essays", question_types=["bridge_birthplace"]
+    )
+
+    def count(r):
+        return sum("essay, part" not in t for t, _ in r["context"])
+
     # Two entity passages (company, founder) per chain; at least two chains for comparisons.
     assert count(easy) == 4 and count(hard) == 14
     assert "province" in synth.make_example(0, seed=1, context_tokens=800, hops=3)["question"]
@@ -78,8 +84,9 @@ def test_comparison_answer_is_the_earlier_one():
 def test_cli_writes_a_hotpotqa_file_that_loads(tmp_path):
     args = [sys.executable, "-m", "recipes.longqa.synth", "--num", "6", "--context-tokens", "700", "--seed", "5"]
     for out in ("a", "b"):
-        done = subprocess.run(args + ["--out", str(tmp_path / out)], cwd=ROOT, capture_output=True, text=True,
-                              timeout=120)
+        done = subprocess.run(
+            args + ["--out", str(tmp_path / out)], cwd=ROOT, capture_output=True, text=True, timeout=120
+        )
         assert done.returncode == 0, done.stderr
         assert "wrote 6 questions" in done.stdout
     first, second = (tmp_path / "a" / "train.json").read_bytes(), (tmp_path / "b" / "train.json").read_bytes()

@@ -1,5 +1,6 @@
 """The YaRN helper: its config builds a model whose long-range logits change, and trainer and
 sampler read the same rope settings."""
+
 import importlib.util
 
 import pytest
@@ -12,9 +13,16 @@ ORIGINAL = 64
 
 
 def _tiny_config() -> LlamaConfig:
-    return LlamaConfig(vocab_size=97, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                       num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=ORIGINAL,
-                       rope_theta=10_000.0)
+    return LlamaConfig(
+        vocab_size=97,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        max_position_embeddings=ORIGINAL,
+        rope_theta=10_000.0,
+    )
 
 
 def test_overrides_shape():
@@ -28,12 +36,15 @@ def test_overrides_shape():
     assert y.vllm_hf_overrides["rope_parameters"]["factor"] == 4.0  # independent copies
 
 
-@pytest.mark.parametrize("kwargs, field", [
-    ({"factor": 1.0, "original_max_position_embeddings": 64}, "factor"),
-    ({"factor": "4", "original_max_position_embeddings": 64}, "factor"),
-    ({"factor": 4.0, "original_max_position_embeddings": 0}, "original_max_position_embeddings"),
-    ({"factor": 4.0, "original_max_position_embeddings": 64.5}, "original_max_position_embeddings"),
-])
+@pytest.mark.parametrize(
+    "kwargs, field",
+    [
+        ({"factor": 1.0, "original_max_position_embeddings": 64}, "factor"),
+        ({"factor": "4", "original_max_position_embeddings": 64}, "factor"),
+        ({"factor": 4.0, "original_max_position_embeddings": 0}, "original_max_position_embeddings"),
+        ({"factor": 4.0, "original_max_position_embeddings": 64.5}, "original_max_position_embeddings"),
+    ],
+)
 def test_bad_values_name_the_field(kwargs, field):
     with pytest.raises(ValueError, match=field):
         yarn_overrides(**kwargs, rope_theta=1e4)
@@ -82,8 +93,9 @@ def test_vllm_rope_equals_transformers_rope():
     cos, sin = LlamaRotaryEmbedding(config)(torch.zeros(1, num_positions, 1), torch.arange(num_positions)[None])
     head_dim = config.hidden_size // config.num_attention_heads
     with set_current_vllm_config(VllmConfig()):
-        rope = get_rope(head_dim, num_positions, True, rope_parameters=y.vllm_hf_overrides["rope_parameters"],
-                        dtype=torch.float32)
+        rope = get_rope(
+            head_dim, num_positions, True, rope_parameters=y.vllm_hf_overrides["rope_parameters"], dtype=torch.float32
+        )
     vllm_cos, vllm_sin = rope.cos_sin_cache[:num_positions].chunk(2, dim=-1)
     torch.testing.assert_close(vllm_cos, cos[0, :, : head_dim // 2], atol=1e-6, rtol=0)
     torch.testing.assert_close(vllm_sin, sin[0, :, : head_dim // 2], atol=1e-6, rtol=0)

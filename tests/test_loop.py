@@ -3,6 +3,7 @@
 Two deployments in all (each costs ~40 s here): over Ray, a 3-step run logged to MLflow and the exact
 resume check; over HTTP, a sync run logged to MLflow and an async run with its staleness bound.
 """
+
 from __future__ import annotations
 
 import shutil
@@ -19,7 +20,13 @@ from arctic_rl.runconfig import load_run_config
 TINY = Path(__file__).resolve().parent / "configs" / "tiny_loop.yaml"
 # No KL term in tiny_loop.yaml: no reference pass, so no timing_s/ref.
 PHASE_METRICS = [tracking.TIMING_PREFIX + p for p in tracking.PHASES if p != "ref"] + [
-    tracking.PERF_THROUGHPUT, tracking.PERF_TOTAL_NUM_TOKENS, tracking.REWARD_MEAN, tracking.RESPONSE_LENGTH_MEAN, "actor/pg_loss", "actor/grad_norm"]
+    tracking.PERF_THROUGHPUT,
+    tracking.PERF_TOTAL_NUM_TOKENS,
+    tracking.REWARD_MEAN,
+    tracking.RESPONSE_LENGTH_MEAN,
+    "actor/pg_loss",
+    "actor/grad_norm",
+]
 
 
 def tiny_cfg(model, tmp: Path, *overrides: str):
@@ -28,6 +35,7 @@ def tiny_cfg(model, tmp: Path, *overrides: str):
 
 def mlflow_metrics(run_id: str) -> dict[str, list[tuple[int, float]]]:
     from mlflow.tracking import MlflowClient
+
     mc = MlflowClient(tracking.default_tracking_uri())
     keys = mc.get_run(run_id).data.metrics
     return {k: sorted((m.step, m.value) for m in mc.get_metric_history(run_id, k)) for k in keys}
@@ -36,6 +44,7 @@ def mlflow_metrics(run_id: str) -> dict[str, list[tuple[int, float]]]:
 class EngineStates:
     """The real client; before each engine op it reads back from the backend (health()) which engines are
     asleep, by the controller's record and by the sampler workers' own, and it records sleep/wake calls."""
+
     OPS = ("generate", "log_probs", "forward_backward", "optimizer_step", "sync_weights", "save_checkpoint")
 
     def __init__(self, client):
@@ -53,6 +62,7 @@ class EngineStates:
             samplers = {e["asleep"] for k, e in h["engines"].items() if k.startswith("sampling")}
             self.trace.append((name, frozenset(h["asleep"]), samplers))
             return attr(*args, **kwargs)
+
         return op
 
 
@@ -65,6 +75,7 @@ def mlflow_db(tmp_path, monkeypatch):
 
 def test_toy_reward():
     from recipes.toy import load_examples, reward
+
     exs = load_examples("train", num_examples=3)
     assert len(exs) == 3 and exs[0]["messages"][0]["role"] == "user"
     assert reward("aeiou x", exs[0]) == pytest.approx(5 / 6) and reward("   ", exs[0]) == 0.0
@@ -72,6 +83,7 @@ def test_toy_reward():
 
 def test_the_loss_uses_the_sampling_temperature(tiny_llama, tmp_path):
     from arctic_rl.loop import actor_loss_config
+
     assert actor_loss_config(tiny_cfg(tiny_llama, tmp_path, "sampling.temperature=0.7"))["temperature"] == 0.7
     assert actor_loss_config(tiny_cfg(tiny_llama, tmp_path, "sampling.temperature=0"))["temperature"] == 1.0
     # a temperature the run's loss config sets itself is kept
@@ -92,14 +104,24 @@ def test_loop_over_ray_logs_and_resumes_exactly(ray_cluster, tiny_llama, tmp_pat
         # Colocated: trainer and reference asleep while generating, sampler asleep (the vLLM workers say so
         # too) while the trainer works, both awake for the sync; every engine awake again at the end.
         calls = [c for c in states.trace if c[0] in ("sleep", "wake")]
-        assert calls == [("sleep", "training"), ("sleep", "log_prob"), ("sleep", "sampling"), ("wake", "training"),
-                         ("wake", "sampling")] + [("sleep", "training"), ("sleep", "sampling"), ("wake", "training"),
-                                                  ("wake", "sampling")] * 2 + [("wake", "log_prob")], calls
+        assert calls == [
+            ("sleep", "training"),
+            ("sleep", "log_prob"),
+            ("sleep", "sampling"),
+            ("wake", "training"),
+            ("wake", "sampling"),
+        ] + [("sleep", "training"), ("sleep", "sampling"), ("wake", "training"), ("wake", "sampling")] * 2 + [
+            ("wake", "log_prob")
+        ], calls
         ops = [c for c in states.trace if c[0] not in ("sleep", "wake")]
-        expect = {"generate": ({"training", "log_prob"}, {False}), "log_probs": ({"sampling", "log_prob"}, {True}),
-                  "forward_backward": ({"sampling", "log_prob"}, {True}),
-                  "optimizer_step": ({"sampling", "log_prob"}, {True}), "sync_weights": ({"log_prob"}, {False}),
-                  "save_checkpoint": ({"log_prob"}, {False})}
+        expect = {
+            "generate": ({"training", "log_prob"}, {False}),
+            "log_probs": ({"sampling", "log_prob"}, {True}),
+            "forward_backward": ({"sampling", "log_prob"}, {True}),
+            "optimizer_step": ({"sampling", "log_prob"}, {True}),
+            "sync_weights": ({"log_prob"}, {False}),
+            "save_checkpoint": ({"log_prob"}, {False}),
+        }
         assert [op for op, *_ in ops].count("generate") == 3
         for op, asleep, samplers in ops:
             assert (set(asleep), samplers) == expect[op], (op, asleep, samplers)
@@ -112,10 +134,17 @@ def test_loop_over_ray_logs_and_resumes_exactly(ray_cluster, tiny_llama, tmp_pat
         assert a.plot and a.plot.exists()
         # the setup `arctic-rl compare` groups by (colocated: 1 trainer process; 512 - 12 tokens of prompt)
         from mlflow.tracking import MlflowClient
+
         tags = MlflowClient(tracking.default_tracking_uri()).get_run(a.run_id).data.tags
         assert {k: tags[k] for k in tracking.SETUP_TAGS} == {
-            "model": str(tiny_llama), "nodes": "1", "gpus": "1", "prompts_per_step": "4", "n": "4",
-            "max_prompt_length": "500", "max_response_length": "12"}
+            "model": str(tiny_llama),
+            "nodes": "1",
+            "gpus": "1",
+            "prompts_per_step": "4",
+            "n": "4",
+            "max_prompt_length": "500",
+            "max_response_length": "12",
+        }
         lp_a = client.log_probs(probe)["log_probs"]
 
         # A run stopped after step 2 left step_1 and step_2 (the same files: the runs are identical up to
@@ -137,9 +166,21 @@ def test_loop_over_ray_logs_and_resumes_exactly(ray_cluster, tiny_llama, tmp_pat
 
         # The SFT warm-up stage (same deployment): eval -> 3 epochs of sft on the toy target -> sync -> eval
         # -> 1 GRPO step -> eval. The supervised target is all vowels, so greedy reward must rise.
-        c = run(tiny_cfg(tiny_llama, tmp_path / "c", "sft_warmup.epochs=3", "sft_warmup.batch_size=4",
-                         "recipe.options.num_examples=8", "train.steps=1", "checkpoint.every=0", "resume=never",
-                         "eval.split=test", "eval.limit=8"), client)
+        c = run(
+            tiny_cfg(
+                tiny_llama,
+                tmp_path / "c",
+                "sft_warmup.epochs=3",
+                "sft_warmup.batch_size=4",
+                "recipe.options.num_examples=8",
+                "train.steps=1",
+                "checkpoint.every=0",
+                "resume=never",
+                "eval.split=test",
+                "eval.limit=8",
+            ),
+            client,
+        )
         logged = mlflow_metrics(c.run_id)
         sft = [v for _, v in logged["sft/loss"]]
         assert [s for s, _ in logged["sft/loss"]] == list(range(1, 7))  # 8 examples / 4 = 2 steps x 3 epochs
@@ -163,8 +204,9 @@ def test_loop_over_http_sync_then_async(ray_cluster, tiny_llama, tmp_path, mlflo
             assert [st for st, _ in logged[key]] == [1, 2, 3], key
 
         # Async: rollouts one step ahead (staleness 1 from step 2 on), decoupled correction in the loss.
-        cfg_async = tiny_cfg(tiny_llama, tmp_path / "async", *http, "async.enable=true", "async.max_staleness=1",
-                             "train.steps=4")
+        cfg_async = tiny_cfg(
+            tiny_llama, tmp_path / "async", *http, "async.enable=true", "async.max_staleness=1", "train.steps=4"
+        )
         r = run(cfg_async, client)
         assert [h["async/staleness"] for h in r.history] == [0.0, 1.0, 1.0, 1.0]
         assert all("rollout_corr/rollout_is_mean" in h for h in r.history)  # rollout_is: token was set

@@ -3,6 +3,7 @@ verl 0.9.1's own core_algos (installed --no-deps in .venv/verl-ref by scripts/se
 
 Legend: B rows, R response columns.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -33,6 +34,7 @@ def verl():
     core = importlib.import_module("verl.trainer.ppo.core_algos")
     rc = importlib.import_module("verl.trainer.ppo.rollout_corr_helper")
     from verl.workers.config import ActorConfig
+
     return core, rc, ActorConfig
 
 
@@ -51,8 +53,10 @@ def make_batch(seed: int = 0, token_adv: bool = False) -> tuple[dict, dict]:
         "ref_log_prob": logp_BR + 0.3 * torch.randn(B, R, generator=g, **d),
         "rollout_log_probs": old_BR + 0.5 * torch.randn(B, R, generator=g, **d),
     }
-    outputs = {"log_probs": logp_BR.clone().requires_grad_(),
-               "entropy": (torch.rand(B, R, generator=g, **d) * 3).requires_grad_()}
+    outputs = {
+        "log_probs": logp_BR.clone().requires_grad_(),
+        "entropy": (torch.rand(B, R, generator=g, **d) * 3).requires_grad_(),
+    }
     return outputs, batch
 
 
@@ -124,10 +128,19 @@ def test_ppo_clip_and_dual_clip(token_adv):
 
     assert loss.item() == pytest.approx(plain_agg(token_loss, mask, "token-mean"), rel=1e-10)
     assert m["actor/pg_loss"] == pytest.approx(loss.item())
-    clip = lambda i, t: float(-adv_at(batch, i, t) * clamp(ratio(i, t), 0.85, 1.28) > -adv_at(batch, i, t) * ratio(i, t))
+
+    def clip(i, t):
+        return float(-adv_at(batch, i, t) * clamp(ratio(i, t), 0.85, 1.28) > -adv_at(batch, i, t) * ratio(i, t))
+
     assert m["actor/pg_clipfrac"] == pytest.approx(mean_over(mask, clip))
-    lower = lambda i, t: float(adv_at(batch, i, t) < 0 and max(-adv_at(batch, i, t) * ratio(i, t), -adv_at(
-        batch, i, t) * clamp(ratio(i, t), 0.85, 1.28)) > -adv_at(batch, i, t) * 2.0)
+
+    def lower(i, t):
+        return float(
+            adv_at(batch, i, t) < 0
+            and max(-adv_at(batch, i, t) * ratio(i, t), -adv_at(batch, i, t) * clamp(ratio(i, t), 0.85, 1.28))
+            > -adv_at(batch, i, t) * 2.0
+        )
+
     assert m["actor/pg_clipfrac_lower"] == pytest.approx(mean_over(mask, lower))
     assert 0 < m["actor/pg_clipfrac"] and 0 < m["actor/pg_clipfrac_lower"], "the data must exercise both clips"
     assert m["actor/ppo_kl"] == pytest.approx(mean_over(mask, lambda i, t: float(old[i, t] - lp[i, t])))
@@ -138,8 +151,11 @@ def test_gspo_sequence_ratio_value_and_gradient():
     loss, m = grpo_loss(outputs, batch, {"policy_loss": "gspo", "loss_agg_mode": "seq-mean-token-mean"})
     loss.backward()
     lp, old, mask = outputs["log_probs"].detach(), batch["old_log_probs"], batch["response_mask"]
-    seq_ratio = {i: math.exp(sum(float(lp[i, t] - old[i, t]) for t in range(LENGTHS[i])) / LENGTHS[i])
-                 for i in range(B) if LENGTHS[i]}
+    seq_ratio = {
+        i: math.exp(sum(float(lp[i, t] - old[i, t]) for t in range(LENGTHS[i])) / LENGTHS[i])
+        for i in range(B)
+        if LENGTHS[i]
+    }
 
     def token_loss(i, t):
         a, s = adv_at(batch, i, t), seq_ratio[i]
@@ -186,8 +202,9 @@ def test_m2po_drops_largest_second_moments_until_threshold():
         kept.pop()
     dropped = set(cands) - set(kept)
     assert dropped, "the data must exercise the mask"
-    want = plain_agg(lambda i, t: 0.0 if (i, t) in dropped else -adv_at(batch, i, t) * math.exp(lr[i, t]),
-                     mask, "token-mean")  # dropped tokens still count in the normalizer
+    want = plain_agg(
+        lambda i, t: 0.0 if (i, t) in dropped else -adv_at(batch, i, t) * math.exp(lr[i, t]), mask, "token-mean"
+    )  # dropped tokens still count in the normalizer
     assert loss.item() == pytest.approx(want, rel=1e-10)
     assert m["actor/m2po_m2_before"] == pytest.approx(m2_before)
     assert m["actor/m2po_m2_after"] == pytest.approx(sum(lr[k] ** 2 for k in kept) / len(kept))
@@ -196,8 +213,13 @@ def test_m2po_drops_largest_second_moments_until_threshold():
 
 
 PLAIN_KL = {
-    "k1": lambda d: d, "kl": lambda d: d, "abs": abs, "k2": lambda d: 0.5 * d * d, "mse": lambda d: 0.5 * d * d,
-    "k3": lambda d: clamp(math.exp(-d) + d - 1, -10, 10), "low_var_kl": lambda d: clamp(math.exp(-d) + d - 1, -10, 10),
+    "k1": lambda d: d,
+    "kl": lambda d: d,
+    "abs": abs,
+    "k2": lambda d: 0.5 * d * d,
+    "mse": lambda d: 0.5 * d * d,
+    "k3": lambda d: clamp(math.exp(-d) + d - 1, -10, 10),
+    "low_var_kl": lambda d: clamp(math.exp(-d) + d - 1, -10, 10),
 }
 
 
@@ -267,8 +289,9 @@ def test_rollout_is_decoupled_weights(level, threshold):
         grpo_loss(outputs, {k: v for k, v in batch.items() if k != "rollout_log_probs"}, cfg)
 
 
-@pytest.mark.parametrize("alpha_key,value,alpha", [("prox_alpha", 0.25, 0.25), ("prox_staleness", 4, 0.75),
-                                                   ("prox_staleness", 1, 0.0)])
+@pytest.mark.parametrize(
+    "alpha_key,value,alpha", [("prox_alpha", 0.25, 0.25), ("prox_staleness", 4, 0.75), ("prox_staleness", 1, 0.0)]
+)
 def test_loglinear_proximal(alpha_key, value, alpha):
     outputs, batch = make_batch(8)
     cfg = {"prox_logp_method": "loglinear", alpha_key: value, "rollout_is": "token"}
@@ -335,8 +358,10 @@ def test_sft_micro_batch_split_invariance(mode):
     mask = batch["response_mask"]
     glob = {"global_num_tokens": int(mask.sum()), "global_num_seqs": int((mask.sum(-1) > 0).sum())}
     full, _ = sft_loss(outputs, batch, {"loss_agg_mode": mode})
-    parts = [sft_loss({"log_probs": outputs["log_probs"][r]}, {"response_mask": mask[r]},
-                      {"loss_agg_mode": mode, **glob})[0] for r in torch.arange(B).chunk(4)]
+    parts = [
+        sft_loss({"log_probs": outputs["log_probs"][r]}, {"response_mask": mask[r]}, {"loss_agg_mode": mode, **glob})[0]
+        for r in torch.arange(B).chunk(4)
+    ]
     assert sum(parts).item() == pytest.approx(full.item(), rel=1e-12)
 
 
@@ -372,8 +397,15 @@ def test_policy_loss_matches_verl(verl, policy, mode, rollout_is):
     outputs, batch = make_batch(13, token_adv=True)
     mask = batch["response_mask"].bool()
     n_tok, n_seq = int(mask.sum()) + 7, int((mask.sum(-1) > 0).sum()) + 2  # as if more micro-batches
-    cfg = {"policy_loss": policy, "loss_agg_mode": mode, "clip_ratio_low": 0.2, "clip_ratio_high": 0.28,
-           "clip_ratio_c": 2.5, "global_num_tokens": n_tok, "global_num_seqs": n_seq}
+    cfg = {
+        "policy_loss": policy,
+        "loss_agg_mode": mode,
+        "clip_ratio_low": 0.2,
+        "clip_ratio_high": 0.28,
+        "clip_ratio_c": 2.5,
+        "global_num_tokens": n_tok,
+        "global_num_seqs": n_seq,
+    }
     if rollout_is:
         cfg.update(rollout_is=rollout_is, rollout_is_threshold=1.5)
     loss, m = grpo_loss(outputs, batch, cfg)
@@ -384,12 +416,21 @@ def test_policy_loss_matches_verl(verl, policy, mode, rollout_is):
     weights = None
     if rollout_is:
         weights, _ = rc.compute_rollout_correction_weights(
-            batch["old_log_probs"] - batch["rollout_log_probs"], batch["response_mask"],
-            rollout_is=rollout_is, rollout_is_threshold=1.5)
+            batch["old_log_probs"] - batch["rollout_log_probs"],
+            batch["response_mask"],
+            rollout_is=rollout_is,
+            rollout_is_threshold=1.5,
+        )
     logp = outputs["log_probs"].detach().clone().requires_grad_()
     want, vm = core.get_policy_loss_fn(VERL_POLICY[policy])(
-        old_log_prob=batch["old_log_probs"], log_prob=logp, advantages=batch["advantages"], response_mask=mask,
-        loss_agg_mode=mode, config=vcfg, rollout_is_weights=weights)
+        old_log_prob=batch["old_log_probs"],
+        log_prob=logp,
+        advantages=batch["advantages"],
+        response_mask=mask,
+        loss_agg_mode=mode,
+        config=vcfg,
+        rollout_is_weights=weights,
+    )
     want.backward()
     assert loss.item() == pytest.approx(want.item(), rel=1e-10)
     torch.testing.assert_close(grad, logp.grad, rtol=1e-10, atol=1e-12)
@@ -402,16 +443,22 @@ def test_kl_and_entropy_terms_match_verl(verl, kind):
     core, _, ActorConfig = verl
     outputs, batch = make_batch(14)
     mask = batch["response_mask"].bool()
-    cfg = {"use_kl_loss": True, "kl_loss_coef": 0.05, "kl_loss_type": kind, "entropy_coeff": 0.002,
-           "loss_agg_mode": "seq-mean-token-mean"}
+    cfg = {
+        "use_kl_loss": True,
+        "kl_loss_coef": 0.05,
+        "kl_loss_type": kind,
+        "entropy_coeff": 0.002,
+        "loss_agg_mode": "seq-mean-token-mean",
+    }
     loss, m = grpo_loss(outputs, batch, cfg)
     grad = torch.autograd.grad(loss, outputs["log_probs"])[0]
 
     # verl's ppo_loss composition: pg - entropy_coeff * agg(entropy) + kl_loss_coef * agg(kl)
     logp = outputs["log_probs"].detach().clone().requires_grad_()
     vcfg = verl_actor_config(ActorConfig, "seq-mean-token-mean")
-    pg, _ = core.compute_policy_loss_vanilla(batch["old_log_probs"], logp, batch["advantages"].unsqueeze(-1).expand(
-        B, R), mask, "seq-mean-token-mean", vcfg)
+    pg, _ = core.compute_policy_loss_vanilla(
+        batch["old_log_probs"], logp, batch["advantages"].unsqueeze(-1).expand(B, R), mask, "seq-mean-token-mean", vcfg
+    )
     ent = core.agg_loss(outputs["entropy"], mask, "seq-mean-token-mean")
     kl = core.agg_loss(core.kl_penalty(logp, batch["ref_log_prob"], kind), mask, "seq-mean-token-mean")
     want = pg - 0.002 * ent + 0.05 * kl
@@ -425,13 +472,15 @@ def test_kl_and_entropy_terms_match_verl(verl, kind):
 @pytest.mark.parametrize("level,threshold", [("token", 2.0), ("sequence", 3.0), ("token", "0.5_1.8")])
 def test_rollout_is_weights_match_verl(verl, level, threshold):
     from arctic_rl.losses.grpo import parse_config, rollout_is_weights
+
     _, rc, _ = verl
     _, batch = make_batch(15)
     mask = batch["response_mask"]
     cfg = parse_config({"rollout_is": level, "rollout_is_threshold": threshold})
     got, m = rollout_is_weights(batch["old_log_probs"], batch["rollout_log_probs"], mask, cfg)
-    want, vm = rc.compute_rollout_correction_weights(batch["old_log_probs"] - batch["rollout_log_probs"], mask,
-                                                     rollout_is=level, rollout_is_threshold=threshold)
+    want, vm = rc.compute_rollout_correction_weights(
+        batch["old_log_probs"] - batch["rollout_log_probs"], mask, rollout_is=level, rollout_is_threshold=threshold
+    )
     torch.testing.assert_close(got, want.to(got.dtype), rtol=1e-12, atol=1e-14)
     assert m["rollout_corr/rollout_is_mean"] == pytest.approx(vm["rollout_is_mean"], rel=1e-9)
 
@@ -447,20 +496,23 @@ def test_registry_resolves_builtins_and_lists_known_names():
     assert {"grpo", "sft"} <= LOSS_FNS.keys()
 
 
-@pytest.mark.parametrize("cfg,match", [
-    ({"policy_loss": "vanila"}, r"'policy_loss'\] = 'vanila'.*'ppo'"),
-    ({"loss_agg_mode": "mean"}, r"'loss_agg_mode'\] = 'mean'.*token-mean"),
-    ({"kl_loss_type": "k4", "use_kl_loss": True}, r"'kl_loss_type'\] = 'k4'"),
-    ({"clip_ratio_c": 1.0}, r"'clip_ratio_c'\] = 1.0.*> 1"),
-    ({"clip_ratio": "0.2"}, r"'clip_ratio'\] = '0.2'.*number"),
-    ({"use_kl_loss": "yes"}, r"'use_kl_loss'\] = 'yes'"),
-    ({"rollout_is": "tokens"}, r"'rollout_is'\] = 'tokens'"),
-    ({"rollout_is": "token", "rollout_is_threshold": "2_1"}, r"'rollout_is_threshold'\] = '2_1'"),
-    ({"prox_logp_method": "loglinear"}, r"prox_alpha.*prox_staleness"),
-    ({"prox_alpha": 0.5}, r"prox_alpha.*only apply"),
-    ({"prox_logp_method": "loglinear", "prox_alpha": 1.5}, r"'prox_alpha'\] = 1.5"),
-    ({"clip_ratio_hgih": 0.3}, r"unknown loss_config key.*clip_ratio_hgih.*known"),
-])
+@pytest.mark.parametrize(
+    "cfg,match",
+    [
+        ({"policy_loss": "vanila"}, r"'policy_loss'\] = 'vanila'.*'ppo'"),
+        ({"loss_agg_mode": "mean"}, r"'loss_agg_mode'\] = 'mean'.*token-mean"),
+        ({"kl_loss_type": "k4", "use_kl_loss": True}, r"'kl_loss_type'\] = 'k4'"),
+        ({"clip_ratio_c": 1.0}, r"'clip_ratio_c'\] = 1.0.*> 1"),
+        ({"clip_ratio": "0.2"}, r"'clip_ratio'\] = '0.2'.*number"),
+        ({"use_kl_loss": "yes"}, r"'use_kl_loss'\] = 'yes'"),
+        ({"rollout_is": "tokens"}, r"'rollout_is'\] = 'tokens'"),
+        ({"rollout_is": "token", "rollout_is_threshold": "2_1"}, r"'rollout_is_threshold'\] = '2_1'"),
+        ({"prox_logp_method": "loglinear"}, r"prox_alpha.*prox_staleness"),
+        ({"prox_alpha": 0.5}, r"prox_alpha.*only apply"),
+        ({"prox_logp_method": "loglinear", "prox_alpha": 1.5}, r"'prox_alpha'\] = 1.5"),
+        ({"clip_ratio_hgih": 0.3}, r"unknown loss_config key.*clip_ratio_hgih.*known"),
+    ],
+)
 def test_bad_config_values_name_key_and_value(cfg, match):
     outputs, batch = make_batch()
     with pytest.raises(ValueError, match=match):
@@ -489,7 +541,9 @@ def test_bad_batch_names_the_key():
 
 
 def test_loss_modules_import_only_torch():
-    code = ("import sys, arctic_rl.losses as L; L.resolve_loss_fn('grpo'); import arctic_rl.advantages; "
-            "bad = [m for m in ('deepspeed', 'vllm', 'transformers', 'ray', 'verl') if m in sys.modules]; "
-            "assert not bad, bad")
+    code = (
+        "import sys, arctic_rl.losses as L; L.resolve_loss_fn('grpo'); import arctic_rl.advantages; "
+        "bad = [m for m in ('deepspeed', 'vllm', 'transformers', 'ray', 'verl') if m in sys.modules]; "
+        "assert not bad, bad"
+    )
     subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO, timeout=120)

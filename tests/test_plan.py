@@ -1,6 +1,7 @@
 """`arctic-rl plan`: the controller's placement laid over nodes, memory per GPU, CPUs per node, and a refusal
 with a reason when a run cannot fit. Pure computation: no Ray, no GPUs, no downloads (the 4x8 configs' model
 is sized from the config.json their recipes ship)."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -21,8 +22,9 @@ LONGQA = ROOT / "recipes/longqa/configs/longqa_qwen3_32b.yaml"
 
 def test_layout_is_the_controllers():
     """Colocated TP 2: trainer i and TP worker i share bundle i; the reference sits on bundle 0."""
-    cfg = ArcticRLClientConfig(model_name="unused", training_gpus=4, sampling_gpus=4,
-                               vllm_config={"tensor_parallel_size": 2})
+    cfg = ArcticRLClientConfig(
+        model_name="unused", training_gpus=4, sampling_gpus=4, vllm_config={"tensor_parallel_size": 2}
+    )
     lay = placement.gpu_layout(cfg)
     assert lay.pools == {"shared": 4}
     assert [s.bundle for s in lay.trainers] == [0, 1, 2, 3] and [s.bundle for s in lay.references] == [0]
@@ -57,8 +59,11 @@ def test_4x8_verdicts_name_their_reasons():
     for path in (BIRD, LONGQA):
         plan = make_plan(load_run_config(path), nodes=4, gpus_per_node=8, name=path.name)
         assert not plan.fits
-        with pytest.raises(ConfigError, match=r"cannot run on 4 node\(s\) x 8 GPU\(s\): 32 GPU\(s\) need more than "
-                                              r"80.0 GiB; the worst, node 0 gpu 0.*reference 0 params 61.0"):
+        with pytest.raises(
+            ConfigError,
+            match=r"cannot run on 4 node\(s\) x 8 GPU\(s\): 32 GPU\(s\) need more than "
+            r"80.0 GiB; the worst, node 0 gpu 0.*reference 0 params 61.0",
+        ):
             plan.check()
         assert "verdict: does NOT fit" in plan.render()
 
@@ -75,10 +80,13 @@ def test_zero3_partitions_trainer_state():
     assert t1["optimizer"] == pytest.approx(12 * psi / 32)
 
 
-@pytest.mark.parametrize("args, reason", [
-    (["backend.vllm_config.tensor_parallel_size=16", "backend.sampling_gpus=32"], "larger than --gpus-per-node=8"),
-    (["backend.colocate=false"], "need 64 GPUs"),
-])
+@pytest.mark.parametrize(
+    "args, reason",
+    [
+        (["backend.vllm_config.tensor_parallel_size=16", "backend.sampling_gpus=32"], "larger than --gpus-per-node=8"),
+        (["backend.colocate=false"], "need 64 GPUs"),
+    ],
+)
 def test_refuses_what_cannot_be_placed(args, reason):
     with pytest.raises(ConfigError, match=reason):
         plan_run(load_run_config(BIRD, args), nodes=4, gpus_per_node=8)
@@ -92,10 +100,19 @@ def test_refuses_too_few_cpus():
 def test_memory_over_a_gpu_is_refused_and_a_big_gpu_fits(tmp_path):
     # a small model sized from a config file: fits on 80 GiB, not on 4 GiB
     cfg = tmp_path / "small.json"
-    cfg.write_text('{"model_type": "qwen3", "hidden_size": 1024, "intermediate_size": 3072, "num_hidden_layers": 8, '
-                   '"num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 64, "vocab_size": 32000}')
-    run = load_run_config(BIRD, ["backend.training_gpus=8", "backend.sampling_gpus=8",
-                                 "backend.vllm_config.max_seq_len=4096", "sampling.max_tokens=1024"])
+    cfg.write_text(
+        '{"model_type": "qwen3", "hidden_size": 1024, "intermediate_size": 3072, "num_hidden_layers": 8, '
+        '"num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 64, "vocab_size": 32000}'
+    )
+    run = load_run_config(
+        BIRD,
+        [
+            "backend.training_gpus=8",
+            "backend.sampling_gpus=8",
+            "backend.vllm_config.max_seq_len=4096",
+            "sampling.max_tokens=1024",
+        ],
+    )
     ok = plan_run(run, nodes=1, gpus_per_node=8, model_config_path=str(cfg))
     assert ok.fits and all(g.peak < 80 * GiB for g in ok.gpus)
     with pytest.raises(ConfigError, match="need more than 4.0 GiB"):

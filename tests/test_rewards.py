@@ -1,5 +1,6 @@
 """Rewards scored in a process pool give what scoring one by one gives (text2sql's bundled mini set, real
 SQL execution in its sandbox)."""
+
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
@@ -14,8 +15,12 @@ def _completions(examples):
     for ex in examples:
         prefix = ex.get("assistant_prefix", "")
         gold = text2sql.sft_completion(ex)
-        out += [(prefix + gold if gold else prefix + " 1", ex), (prefix + "```sql\nSELECT 1\n```", ex),
-                (prefix + "```sql\nSELECT nope FROM nowhere\n```", ex), (prefix + "no idea", ex)]
+        out += [
+            (prefix + gold if gold else prefix + " 1", ex),
+            (prefix + "```sql\nSELECT 1\n```", ex),
+            (prefix + "```sql\nSELECT nope FROM nowhere\n```", ex),
+            (prefix + "no idea", ex),
+        ]
     return out
 
 
@@ -34,6 +39,7 @@ def test_verl_compute_score_is_the_recipe_reward():
     import json
 
     from recipes.verl.reward_fn import compute_score
+
     ex = text2sql.load_examples("train", schema_tables="relevant", num_shots=0, limit=1)[0]
     gold = ex.get("assistant_prefix", "") + text2sql.sft_completion(ex)
     info = {"recipe": "text2sql", "example": json.dumps({k: v for k, v in ex.items() if k != "messages"})}

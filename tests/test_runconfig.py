@@ -1,4 +1,5 @@
 """The run config: both shipped recipe configs load, overrides parse as YAML, bad keys name their path."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -17,8 +18,12 @@ TINY = ROOT / "tests/configs/tiny_loop.yaml"
 
 
 def minimal(**extra) -> dict:
-    return {"model": {"name_or_path": "org/model"}, "recipe": {"name": "toy"},
-            "train": {"steps": 2, "prompts_per_step": 4}, **extra}
+    return {
+        "model": {"name_or_path": "org/model"},
+        "recipe": {"name": "toy"},
+        "train": {"steps": 2, "prompts_per_step": 4},
+        **extra,
+    }
 
 
 def test_shipped_configs_load():
@@ -42,29 +47,41 @@ def test_yarn_switch_sets_the_backend_overrides(tiny_llama):
 
 
 def test_overrides_are_yaml_scalars():
-    cfg = load_run_config(BIRD, ["train.steps=7", "sampling.temperature=0.5", "sampling.stop=['x']",
-                                 "resume=never", "async.enable=true", "recipe.options.data_dir=/data/bird",
-                                 "backend.training_config.optimizer.lr=2e-6"])
+    cfg = load_run_config(
+        BIRD,
+        [
+            "train.steps=7",
+            "sampling.temperature=0.5",
+            "sampling.stop=['x']",
+            "resume=never",
+            "async.enable=true",
+            "recipe.options.data_dir=/data/bird",
+            "backend.training_config.optimizer.lr=2e-6",
+        ],
+    )
     assert cfg.train.steps == 7 and cfg.sampling.temperature == 0.5 and cfg.sampling.stop == ["x"]
     assert cfg.resume == "never" and cfg.async_.enable and cfg.recipe.options["data_dir"] == "/data/bird"
     assert cfg.client_config().training_config.optimizer.lr == 2e-6
     assert apply_overrides({"a": None}, ["a.b=1"]) == {"a": {"b": 1}}
 
 
-@pytest.mark.parametrize("override, match", [
-    (["train.stpes=3"], r"train\.stpes: Extra inputs.*allowed: steps, prompts_per_step"),
-    (["bogus=1"], r"bogus: Extra inputs"),
-    (["async.bogus=1"], r"async\.bogus: Extra inputs.*allowed: enable, max_staleness"),
-    (["backend.training_config.zero=3"], r"backend\.training_config\.zero: Extra inputs.*allowed: .*zero_stage"),
-    (["backend.vllm_config.bogus=1"], r"backend\.vllm_config\.bogus"),
-    (["backend.training_config.optimizer.lr=-1"], r"backend\.training_config\.optimizer\.lr"),
-    (["backend.model_name=x"], r"backend\.model_name: set model\.name_or_path"),
-    (["advantage.estimator=ppo"], r"advantage\.estimator.*'ppo'"),
-    (["train.mini_batch_size=48"], r"mini_batch_size=48 must divide prompts_per_step=128"),
-    (["backend.training_config.micro_batch_size=3"], r"micro_batch_size=3 disagrees"),
-    (["train"], r"expected dotted\.key=value"),
-    (["train.steps.x=1"], r"train\.steps is 300, not a mapping"),
-])
+@pytest.mark.parametrize(
+    "override, match",
+    [
+        (["train.stpes=3"], r"train\.stpes: Extra inputs.*allowed: steps, prompts_per_step"),
+        (["bogus=1"], r"bogus: Extra inputs"),
+        (["async.bogus=1"], r"async\.bogus: Extra inputs.*allowed: enable, max_staleness"),
+        (["backend.training_config.zero=3"], r"backend\.training_config\.zero: Extra inputs.*allowed: .*zero_stage"),
+        (["backend.vllm_config.bogus=1"], r"backend\.vllm_config\.bogus"),
+        (["backend.training_config.optimizer.lr=-1"], r"backend\.training_config\.optimizer\.lr"),
+        (["backend.model_name=x"], r"backend\.model_name: set model\.name_or_path"),
+        (["advantage.estimator=ppo"], r"advantage\.estimator.*'ppo'"),
+        (["train.mini_batch_size=48"], r"mini_batch_size=48 must divide prompts_per_step=128"),
+        (["backend.training_config.micro_batch_size=3"], r"micro_batch_size=3 disagrees"),
+        (["train"], r"expected dotted\.key=value"),
+        (["train.steps.x=1"], r"train\.steps is 300, not a mapping"),
+    ],
+)
 def test_errors_name_the_dotted_path(override, match):
     with pytest.raises(ConfigError, match=match):
         load_run_config(BIRD, override)
@@ -79,7 +96,9 @@ def test_missing_sections_and_files():
         load_run_config(TINY)  # the tiny config needs model.name_or_path=...
     cfg = parse_run_config(minimal(loss={"config": {"use_kl_loss": True}}))
     assert cfg.use_reference and cfg.checkpoint_dir == Path("runs/toy/run")
-    assert not parse_run_config(minimal(reference={"enable": False}, loss={"config": {"use_kl_loss": True}})).use_reference
+    assert not parse_run_config(
+        minimal(reference={"enable": False}, loss={"config": {"use_kl_loss": True}})
+    ).use_reference
 
 
 def test_data_order_and_seeds_are_functions_of_seed_and_step():

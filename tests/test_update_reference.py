@@ -1,5 +1,6 @@
 """update_reference (reference := current policy) under each ZeRO stage, on a real deployment: after one
 optimizer step and the call, the reference's log-probs equal the policy's."""
+
 from __future__ import annotations
 
 import pytest
@@ -14,10 +15,18 @@ N = 4
 
 @pytest.mark.parametrize("zero_stage", [1, 2, 3])
 def test_reference_equals_the_policy_after_update_reference(ray_cluster, tiny_llama, zero_stage):
-    c = create_arctic_rl_client(ArcticRLClientConfig(
-        model_name=str(tiny_llama), training_config={"dtype": "float32", "zero_stage": zero_stage,
-                                                     "optimizer": {"lr": 1e-3}, "micro_batch_size": 4},
-        vllm_config={"max_seq_len": 256}))
+    c = create_arctic_rl_client(
+        ArcticRLClientConfig(
+            model_name=str(tiny_llama),
+            training_config={
+                "dtype": "float32",
+                "zero_stage": zero_stage,
+                "optimizer": {"lr": 1e-3},
+                "micro_batch_size": 4,
+            },
+            vllm_config={"max_seq_len": 256},
+        )
+    )
     try:
         samples = c.generate(["the quick brown fox", "select count(*)"], {"n": N, "max_tokens": 8, "seed": 0})
         batch = from_samples(samples, [i // N for i in range(len(samples))])

@@ -1,5 +1,6 @@
 """verl <-> arctic-rl batch layout, against verl 0.9.1's real DataProto and its own padding converters
 (verl.workers.utils.padding: what RayPPOTrainer applies before and after every worker call)."""
+
 from __future__ import annotations
 
 import sys
@@ -12,7 +13,6 @@ import torch
 VERL_REF = Path(sys.executable).parent.parent / "verl-ref"
 if VERL_REF.is_dir() and str(VERL_REF) not in sys.path:
     sys.path.append(str(VERL_REF))
-import verl  # noqa: E402  (make setup installs it; a missing copy is a failure, not a skip)
 
 from verl import DataProto  # noqa: E402
 from verl.utils import tensordict_utils as tu  # noqa: E402
@@ -32,8 +32,9 @@ UIDS = ["a", "a", "b", "b"]
 
 
 def rollout(P=5, R=6) -> DataProto:
-    dp = samples_to_dataproto(SAMPLES, P, R, PAD, scores=[1.0, 0.0, 0.5, 0.0],
-                              non_tensor={"uid": np.array(UIDS, dtype=object)})
+    dp = samples_to_dataproto(
+        SAMPLES, P, R, PAD, scores=[1.0, 0.0, 0.5, 0.0], non_tensor={"uid": np.array(UIDS, dtype=object)}
+    )
     return dp
 
 
@@ -49,12 +50,12 @@ def test_rollout_layout_matches_ours_and_verl():
     assert td["rm_scores"][2, 0] == 0.5
     # position ids: verl's compute_position_id_with_mask
     from verl.utils.model import compute_position_id_with_mask
+
     assert torch.equal(td["position_ids"], compute_position_id_with_mask(td["attention_mask"]))
     # the same rows as our own from_samples, up to the wider padding
     ours = from_samples(SAMPLES, UIDS, pad_token_id=PAD)
     a = to_arctic(dp)
     validate_batch(a)
-    P0 = ours["input_ids"].shape[1] - ours["responses"].shape[1]
     for i in range(4):
         m_ours, m_verl = ours["attention_mask"][i].bool(), a["attention_mask"][i].bool()
         assert ours["input_ids"][i][m_ours].tolist() == a["input_ids"][i][m_verl].tolist()
@@ -98,8 +99,10 @@ def test_worker_output_reaches_trainer_as_old_log_probs():
     dp = rollout()
     td = left_right_2_no_padding(dp.to_tensordict())
     lp = -torch.rand(4, 6) * dp.batch["response_mask"]
-    out = tu.get_tensordict({"log_probs": to_no_padding(lp, td), "entropy": to_no_padding(lp.abs(), td)},
-                            non_tensor_dict={"metrics": {"mfu": 0.0}})
+    out = tu.get_tensordict(
+        {"log_probs": to_no_padding(lp, td), "entropy": to_no_padding(lp.abs(), td)},
+        non_tensor_dict={"metrics": {"mfu": 0.0}},
+    )
     assert tu.get(out, "metrics")["mfu"] == 0.0 and tu.get(out, "routed_experts") is None
     got = no_padding_2_padding(tu.get(out, "log_probs"), td)
     assert torch.allclose(got * dp.batch["response_mask"], lp)

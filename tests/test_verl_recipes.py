@@ -1,5 +1,6 @@
 """text2sql and longqa as verl data + verl custom_reward_function (recipes/verl/recipe_data.py, reward_fn.py):
 rows round-trip through parquet, and verl's compute_score signature scores a right and a wrong completion."""
+
 from __future__ import annotations
 
 import json
@@ -68,19 +69,33 @@ def test_launch_scripts_compose_with_verl(recipe):
     root = Path(__file__).resolve().parents[1]
     cfgs = {}
     for backend in ("arctic", "native"):
-        out = subprocess.run(["bash", str(root / f"recipes/verl/configs/{recipe}.sh"), f"print-{backend}"],
-                             capture_output=True, text=True, check=True).stdout.splitlines()
+        out = subprocess.run(
+            ["bash", str(root / f"recipes/verl/configs/{recipe}.sh"), f"print-{backend}"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.splitlines()
         assert out[0] == f"python -m {'recipes.verl.main' if backend == 'arctic' else 'verl.trainer.main_ppo'}"
         with initialize_config_dir(config_dir=VERL_CONFIG_DIR, version_base=None):
             cfgs[backend] = compose(config_name="ppo_trainer", overrides=out[1:])
     arctic, native = cfgs["arctic"], cfgs["native"]
     assert native.actor_rollout_ref.rollout.name == "vllm" and native.actor_rollout_ref.actor.strategy == "fsdp"
     assert native.reward.custom_reward_function.path.endswith("recipes/verl/reward_fn.py")
-    for key in ("data.train_batch_size", "data.max_prompt_length", "data.max_response_length",
-                "actor_rollout_ref.actor.optim.lr", "actor_rollout_ref.actor.ppo_mini_batch_size",
-                "actor_rollout_ref.actor.clip_ratio_high", "actor_rollout_ref.actor.loss_agg_mode",
-                "actor_rollout_ref.rollout.n", "actor_rollout_ref.rollout.temperature", "trainer.project_name",
-                "reward.custom_reward_function.path", "algorithm.adv_estimator", "trainer.use_v1"):
+    for key in (
+        "data.train_batch_size",
+        "data.max_prompt_length",
+        "data.max_response_length",
+        "actor_rollout_ref.actor.optim.lr",
+        "actor_rollout_ref.actor.ppo_mini_batch_size",
+        "actor_rollout_ref.actor.clip_ratio_high",
+        "actor_rollout_ref.actor.loss_agg_mode",
+        "actor_rollout_ref.rollout.n",
+        "actor_rollout_ref.rollout.temperature",
+        "trainer.project_name",
+        "reward.custom_reward_function.path",
+        "algorithm.adv_estimator",
+        "trainer.use_v1",
+    ):
         assert OmegaConf.select(arctic, key) == OmegaConf.select(native, key), key
     apply_arctic_defaults(arctic)
     assert arctic.actor_rollout_ref.rollout.name == "arctic"
@@ -102,6 +117,7 @@ def _verl_actor_rollout_ref(overrides):
     from hydra import compose, initialize_config_dir
 
     from recipes.verl.main import VERL_CONFIG_DIR
+
     with initialize_config_dir(config_dir=VERL_CONFIG_DIR, version_base=None):
         cfg = compose(config_name="ppo_trainer", overrides=["actor_rollout_ref.model.path=tiny", *overrides])
     return cfg.actor_rollout_ref
@@ -111,12 +127,20 @@ def test_verl_optimizer_settings_reach_the_client_config():
     """verl's actor optim (lr, betas, weight decay, clip, scheduler) is applied, and a nested arctic override
     (training_config.optimizer.eps) adds to it instead of replacing the optimizer section."""
     a = "actor_rollout_ref.actor.optim."
-    ref = _verl_actor_rollout_ref([
-        f"{a}lr=3e-7", f"{a}weight_decay=0.05", f"{a}betas=[0.8,0.95]", f"{a}lr_scheduler_type=cosine",
-        f"{a}lr_warmup_steps=4", f"{a}total_training_steps=40", f"{a}min_lr_ratio=0.1",
-        "actor_rollout_ref.actor.grad_clip=0.5",
-        "+actor_rollout_ref.arctic.training_config.optimizer.eps=1e-6",
-        "+actor_rollout_ref.arctic.training_config.zero_stage=2"])
+    ref = _verl_actor_rollout_ref(
+        [
+            f"{a}lr=3e-7",
+            f"{a}weight_decay=0.05",
+            f"{a}betas=[0.8,0.95]",
+            f"{a}lr_scheduler_type=cosine",
+            f"{a}lr_warmup_steps=4",
+            f"{a}total_training_steps=40",
+            f"{a}min_lr_ratio=0.1",
+            "actor_rollout_ref.actor.grad_clip=0.5",
+            "+actor_rollout_ref.arctic.training_config.optimizer.eps=1e-6",
+            "+actor_rollout_ref.arctic.training_config.zero_stage=2",
+        ]
+    )
     from recipes.verl.worker import client_config_from_verl  # needs verl on sys.path (above)
 
     training = client_config_from_verl(ref).training_config

@@ -2,6 +2,7 @@
 2 GRPO steps on the tiny model (CPU), through recipes/verl/run_tiny.sh, then the MLflow run verl logged.
 
 Needs verl in $VENV/verl-ref and its trainer deps in $VENV/verl-trainer (scripts/setup_env.sh installs both)."""
+
 from __future__ import annotations
 
 import os
@@ -21,8 +22,7 @@ def test_verl_trainer_two_grpo_steps_on_arctic(tiny_llama, tmp_path):
     from mlflow.tracking import MlflowClient
 
     from arctic_rl.compare import load_runs, summarize
-    from arctic_rl.tracking import (BACKEND_ARCTIC, FRAMEWORK_VERL, TAG_BACKEND, TAG_FRAMEWORK, TAG_MODEL,
-                                    TAG_RECIPE)
+    from arctic_rl.tracking import BACKEND_ARCTIC, FRAMEWORK_VERL, TAG_BACKEND, TAG_FRAMEWORK, TAG_MODEL, TAG_RECIPE
     from recipes.verl.gsm8k import prepare
 
     missing = [d for d in ("verl-ref", "verl-trainer") if not (VENV / d).is_dir()]
@@ -32,13 +32,30 @@ def test_verl_trainer_two_grpo_steps_on_arctic(tiny_llama, tmp_path):
     db = tmp_path / "mlflow.db"
     uri = f"sqlite:///{db}"
     env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "MLFLOW_RUN_ID", "MLFLOW_RUN_CONTEXT")}
-    env.update(VERL_DATA=str(data), VERL_OUT=str(tmp_path / "out"), MLFLOW_TRACKING_URI=uri,
-               VENV=str(VENV), PYTHON=sys.executable, ARCTIC_RL_STATE_DIR=str(tmp_path / "state"))
+    env.update(
+        VERL_DATA=str(data),
+        VERL_OUT=str(tmp_path / "out"),
+        MLFLOW_TRACKING_URI=uri,
+        VENV=str(VENV),
+        PYTHON=sys.executable,
+        ARCTIC_RL_STATE_DIR=str(tmp_path / "state"),
+    )
     log = tmp_path / "verl.log"
     with open(log, "w") as out:
-        proc = subprocess.run(["bash", str(ROOT / "recipes/verl/run_tiny.sh"), str(tiny_llama),
-                               "trainer.project_name=verl-ci", "trainer.experiment_name=tiny"],
-                              cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, timeout=900)
+        proc = subprocess.run(
+            [
+                "bash",
+                str(ROOT / "recipes/verl/run_tiny.sh"),
+                str(tiny_llama),
+                "trainer.project_name=verl-ci",
+                "trainer.experiment_name=tiny",
+            ],
+            cwd=ROOT,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            timeout=900,
+        )
     tail = "\n".join(log.read_text(errors="replace").splitlines()[-60:])
     assert proc.returncode == 0, f"verl run failed (exit {proc.returncode}):\n{tail}"
 

@@ -2,16 +2,17 @@
 every tensor the sampler holds exactly, so a sampler that missed one optimizer step at lr 1e-6 is caught and
 named, and a float32 trainer with the default sampler dtype syncs cleanly even when the checkpoint is bfloat16;
 the sampler's log-probs are those of the tempered distribution it sampled from, as the trainer's are."""
+
 from __future__ import annotations
 
 import pytest
 import ray
 import torch
+from tiny_models import make_tiny_model
 
 from arctic_rl import ArcticRLClientConfig, create_arctic_rl_client
 from arctic_rl.batch import from_samples
 from arctic_rl.errors import WeightSyncError
-from tiny_models import make_tiny_model
 
 pytestmark = pytest.mark.slow
 N = 4
@@ -21,9 +22,13 @@ N = 4
 def client(ray_cluster, tmp_path_factory):
     # A bfloat16 checkpoint: vLLM's own "auto" would sample in bfloat16 while the trainer runs float32.
     model = make_tiny_model(tmp_path_factory.mktemp("models") / "tiny-bf16", "llama", dtype=torch.bfloat16)
-    c = create_arctic_rl_client(ArcticRLClientConfig(
-        model_name=str(model), training_config={"dtype": "float32", "optimizer": {"lr": 1e-6}, "micro_batch_size": 4},
-        vllm_config={"max_seq_len": 256}))
+    c = create_arctic_rl_client(
+        ArcticRLClientConfig(
+            model_name=str(model),
+            training_config={"dtype": "float32", "optimizer": {"lr": 1e-6}, "micro_batch_size": 4},
+            vllm_config={"max_seq_len": 256},
+        )
+    )
     yield c
     c.shutdown()
 
@@ -62,8 +67,9 @@ def test_a_sampler_that_missed_one_step_at_lr_1e_6_is_named(client):
 
 def test_sampler_and_trainer_log_probs_agree_at_temperature_0_7(client):
     client.sync_weights()
-    samples = client.generate(["the quick brown fox", "how many albums"], {"n": N, "max_tokens": 12,
-                                                                         "temperature": 0.7, "seed": 5})
+    samples = client.generate(
+        ["the quick brown fox", "how many albums"], {"n": N, "max_tokens": 12, "temperature": 0.7, "seed": 5}
+    )
     batch = from_samples(samples, [i // N for i in range(len(samples))])
     mask = batch["response_mask"].bool()
     trainer = client.log_probs(batch, temperature=0.7)["log_probs"]

@@ -3,6 +3,7 @@
 Tolerances (fp32, tiny random models): outputs |diff| <= 2e-5 (seen ~5e-7); gradients
 |diff| <= 1e-5 + 1e-4 * max|grad| per parameter (seen ~2e-6).
 """
+
 from __future__ import annotations
 
 import os
@@ -11,16 +12,31 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import pytest
 import torch
-from transformers import (LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM, Qwen2Config,
-                          Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM)
+from transformers import (
+    LlamaConfig,
+    LlamaForCausalLM,
+    MistralConfig,
+    MistralForCausalLM,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+    Qwen3Config,
+    Qwen3ForCausalLM,
+)
 
 from arctic_rl.batch import BatchError
 from arctic_rl.engines.forward import naive_log_probs, response_log_probs
 from arctic_rl.zorro import train as zt
 
 VOCAB = 101
-TINY = dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, intermediate_size=96,
-            num_hidden_layers=2, vocab_size=VOCAB, max_position_embeddings=512)
+TINY = dict(
+    hidden_size=64,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    intermediate_size=96,
+    num_hidden_layers=2,
+    vocab_size=VOCAB,
+    max_position_embeddings=512,
+)
 MODELS = {
     "llama": (LlamaForCausalLM, LlamaConfig, {}),
     "qwen2": (Qwen2ForCausalLM, Qwen2Config, {}),
@@ -52,16 +68,23 @@ def make_batch(groups, *, P: int, R: int, seed: int = 0, uid_tensor: bool = Fals
     ids = torch.zeros(B, P + R, dtype=torch.long)
     mask = torch.zeros(B, P + R, dtype=torch.long)
     for i, (_, prompt, resp) in enumerate(rows):
-        ids[i, P - len(prompt):P] = prompt
-        mask[i, P - len(prompt):P] = 1
-        ids[i, P:P + len(resp)] = resp
-        mask[i, P:P + len(resp)] = 1
+        ids[i, P - len(prompt) : P] = prompt
+        mask[i, P - len(prompt) : P] = 1
+        ids[i, P : P + len(resp)] = resp
+        mask[i, P : P + len(resp)] = 1
     uid = [f"q{gi}" for gi, _, _ in rows]
     if uid_tensor:
         uid = torch.tensor([gi for gi, _, _ in rows])
     adv = torch.randn(B, generator=g)
-    return {"input_ids": ids, "attention_mask": mask, "responses": ids[:, P:], "response_mask": mask[:, P:],
-            "uid": uid, "advantages": adv, "old_log_probs": -torch.rand(B, R, generator=g)}
+    return {
+        "input_ids": ids,
+        "attention_mask": mask,
+        "responses": ids[:, P:],
+        "response_mask": mask[:, P:],
+        "uid": uid,
+        "advantages": adv,
+        "old_log_probs": -torch.rand(B, R, generator=g),
+    }
 
 
 def toy_loss(out, batch):
@@ -87,12 +110,12 @@ def assert_same(model, batch, **kw):
     out_z, loss_z, grads_z = run(model, batch, zorro=True, **kw)
     for k in ("log_probs", "entropy"):
         assert out_z[k].shape == out_n[k].shape
-        torch.testing.assert_close(out_z[k], out_n[k], atol=2e-5, rtol=0, msg=lambda m: f"{k}: {m}")
+        torch.testing.assert_close(out_z[k], out_n[k], atol=2e-5, rtol=0, msg=lambda m, k=k: f"{k}: {m}")
     torch.testing.assert_close(loss_z, loss_n, atol=2e-5, rtol=0)
     assert grads_n.keys() == grads_z.keys()
     for name, gn in grads_n.items():
         tol = 1e-5 + 1e-4 * gn.abs().max().item()
-        torch.testing.assert_close(grads_z[name], gn, atol=tol, rtol=0, msg=lambda m: f"grad {name}: {m}")
+        torch.testing.assert_close(grads_z[name], gn, atol=tol, rtol=0, msg=lambda m, name=name: f"grad {name}: {m}")
 
 
 MIXED = [(9, [5, 3, 5, 1]), (12, [6]), (4, [2, 6, 6]), (12, [4, 4])]
@@ -140,12 +163,13 @@ def test_no_grad_log_probs_and_empty_responses():
 
 def test_same_uid_different_prompt_is_not_merged():
     batch = make_batch([(5, [3, 2]), (5, [4])], P=6, R=4, seed=6)
-    batch["uid"] = ["same"] * 3                     # all rows claim one prompt; two prompts are real
+    batch["uid"] = ["same"] * 3  # all rows claim one prompt; two prompts are real
     groups = zt.prompt_groups(batch)
     assert sorted(len(g) for g in groups) == [1, 2]
     model = tiny_model("qwen3")
-    torch.testing.assert_close(zt.zorro_log_probs(model, batch)["log_probs"],
-                               naive_log_probs(model, batch)["log_probs"], atol=2e-5, rtol=0)
+    torch.testing.assert_close(
+        zt.zorro_log_probs(model, batch)["log_probs"], naive_log_probs(model, batch)["log_probs"], atol=2e-5, rtol=0
+    )
 
 
 def test_equal_prompts_with_different_uids_stay_apart():
@@ -160,16 +184,16 @@ def test_plan_packs_prompt_once_and_positions_continue():
     assert plan.num_tokens == 4 + 2 + 3 + 3 + 1
     for g in plan.groups:
         pos = plan.position_ids[0]
-        assert pos[g.start:g.start + g.prompt_len].tolist() == list(range(g.prompt_len))
+        assert pos[g.start : g.start + g.prompt_len].tolist() == list(range(g.prompt_len))
         cur = g.resp_start
         for r in g.resp_lens:
-            assert pos[cur:cur + r].tolist() == list(range(g.prompt_len, g.prompt_len + r))
+            assert pos[cur : cur + r].tolist() == list(range(g.prompt_len, g.prompt_len + r))
             cur += r
 
 
 def test_bad_padding_is_rejected():
     batch = make_batch([(4, [2, 3])], P=5, R=3, seed=9)
-    batch["attention_mask"][0, 4] = 0               # a hole at the end of the prompt: not left-padded
+    batch["attention_mask"][0, 4] = 0  # a hole at the end of the prompt: not left-padded
     with pytest.raises(BatchError, match="left-padded"):
         zt.zorro_log_probs(tiny_model("llama"), batch)
 
@@ -193,6 +217,7 @@ def test_config_restored_and_unknown_backend():
 
 def test_micro_batches_keep_prompt_groups_whole():
     from arctic_rl.batch import select_rows, split_micro_batches
+
     batch = make_batch(MIXED, P=12, R=6, seed=11)
     model = tiny_model("llama", seed=11)
     full = naive_log_probs(model, batch)["log_probs"]

@@ -5,10 +5,12 @@ and returns a Future (the async pipeline overlaps generate with training this wa
     client = create_arctic_rl_client(ArcticRLClientConfig(model_name="/path/to/model"))
     samples = client.generate(["1+1="], {"n": 4, "max_tokens": 8, "temperature": 1.0})
 """
+
 from __future__ import annotations
 
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -34,19 +36,37 @@ class ArcticRLClient:
         return self._t.call("sampler_log_probs", sequences=sequences, prompt_lens=prompt_lens)
 
     # -- training -------------------------------------------------------------------------------------------
-    def log_probs(self, batch: Batch, reference: bool = False, compute_entropy: bool = False,
-                  temperature: float = 1.0, post_processor: str = "log_probs") -> dict[str, torch.Tensor]:
+    def log_probs(
+        self,
+        batch: Batch,
+        reference: bool = False,
+        compute_entropy: bool = False,
+        temperature: float = 1.0,
+        post_processor: str = "log_probs",
+    ) -> dict[str, torch.Tensor]:
         """{"log_probs": [B, R], "entropy": [B, R]?} from the trainer (or the reference model).
         `post_processor`: a name in the server's registry (built-ins, or its server.loss_modules)."""
-        return self._t.call("log_probs", batch=batch, reference=reference, compute_entropy=compute_entropy,
-                            temperature=temperature, post_processor=post_processor)
+        return self._t.call(
+            "log_probs",
+            batch=batch,
+            reference=reference,
+            compute_entropy=compute_entropy,
+            temperature=temperature,
+            post_processor=post_processor,
+        )
 
-    def forward_backward(self, batch: Batch, loss_fn: str = "grpo", loss_config: dict | None = None,
-                         post_processor: str = "log_probs") -> dict[str, float]:
+    def forward_backward(
+        self, batch: Batch, loss_fn: str = "grpo", loss_config: dict | None = None, post_processor: str = "log_probs"
+    ) -> dict[str, float]:
         """Accumulates gradients of `loss_fn` over the batch; returns its metrics. `loss_fn` and
         `post_processor` are names in the server's registry (built-ins, or its server.loss_modules)."""
-        return self._t.call("forward_backward", batch=batch, loss_fn=loss_fn, loss_config=dict(loss_config or {}),
-                            post_processor=post_processor)
+        return self._t.call(
+            "forward_backward",
+            batch=batch,
+            loss_fn=loss_fn,
+            loss_config=dict(loss_config or {}),
+            post_processor=post_processor,
+        )
 
     def optimizer_step(self) -> dict[str, float]:
         """Applies the accumulated gradients; returns {"grad_norm", "lr", "step"}."""
@@ -79,7 +99,8 @@ class ArcticRLClient:
         """A config holding this deployment's job id: `create_arctic_rl_client(it)` re-attaches."""
         # The server's config holds no token (it is never serialized): keep this client's.
         return ArcticRLClientConfig.from_json(self._t.call("reconnect_config")).model_copy(
-            update={"auth_token": self.config.auth_token})
+            update={"auth_token": self.config.auth_token}
+        )
 
     def submit(self, op: Callable, *args, **kwargs) -> Future:
         """Runs `op` (a method of this client) in the background: `client.submit(client.generate, ...)`."""
@@ -111,8 +132,10 @@ def create_arctic_rl_client(config: ArcticRLClientConfig) -> ArcticRLClient:
     """Starts a deployment for `config` (or attaches to `config.job_id`) and returns its client."""
     if config.comm_protocol == "ray":
         from arctic_rl.client.ray_transport import RayTransport
+
         transport = RayTransport(config)
     else:
         from arctic_rl.client.http_transport import HttpTransport
+
         transport = HttpTransport(config)
     return ArcticRLClient(transport, transport.config)

@@ -1,5 +1,6 @@
 """HTTP transport: `POST /v1/<op>` with wire messages. With no server at host:port (and no job_id),
 starts `arctic-rl serve` on this machine and waits for it."""
+
 from __future__ import annotations
 
 import json
@@ -57,7 +58,8 @@ class HttpTransport:
                 raise EngineDeadError(f"no arctic-rl server answers at {self.base} (job {config.job_id})")
             self._start_server(config)
         self.config = ArcticRLClientConfig.from_json(self.call("reconnect_config")).model_copy(
-            update={"auth_token": self.token})
+            update={"auth_token": self.token}
+        )
 
     def _alive(self) -> bool:
         try:
@@ -86,8 +88,13 @@ class HttpTransport:
         fd = os.open(self.log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         os.fchmod(fd, 0o600)
         try:
-            self.proc = subprocess.Popen([python, "-m", "arctic_rl.server", "serve", "--config", config.to_json()],
-                                         stdin=subprocess.DEVNULL, stdout=fd, stderr=subprocess.STDOUT, env=env)
+            self.proc = subprocess.Popen(
+                [python, "-m", "arctic_rl.server", "serve", "--config", config.to_json()],
+                stdin=subprocess.DEVNULL,
+                stdout=fd,
+                stderr=subprocess.STDOUT,
+                env=env,
+            )
         finally:
             os.close(fd)
         tail: list[str] = []
@@ -95,23 +102,23 @@ class HttpTransport:
             for line in _follow(log, self.proc, t0 + config.request_timeout_s):
                 tail = (tail + [line])[-20:]
                 if line.startswith("ARCTIC_RL_ERROR "):
-                    name, _, msg = line[len("ARCTIC_RL_ERROR "):].strip().partition(": ")
+                    name, _, msg = line[len("ARCTIC_RL_ERROR ") :].strip().partition(": ")
                     raise ERRORS.get(name, ArcticRLError)(msg)
                 if line.startswith("[arctic-rl] serving"):
                     break
             while not self._alive():
                 if self.proc.poll() is not None or time.time() - t0 > config.request_timeout_s:
-                    if self.proc.poll() is not None:   # it exited: what it said after "serving" is the reason
+                    if self.proc.poll() is not None:  # it exited: what it said after "serving" is the reason
                         tail = (tail + log.read().splitlines())[-20:]
-                    raise ArcticRLError(f"arctic-rl server did not come up (log: {self.log_path}); last output:\n"
-                                        + "\n".join(tail))
+                    raise ArcticRLError(
+                        f"arctic-rl server did not come up (log: {self.log_path}); last output:\n" + "\n".join(tail)
+                    )
                 time.sleep(0.2)
         print(f"[arctic-rl] server up in {time.time() - t0:.0f}s (log: {self.log_path})", file=sys.stderr, flush=True)
 
     def call(self, op: str, **kwargs):
         try:
-            r = self.http.post(f"/v1/{op}", content=wire.encode(kwargs),
-                               headers={"content-type": wire.CONTENT_TYPE})
+            r = self.http.post(f"/v1/{op}", content=wire.encode(kwargs), headers={"content-type": wire.CONTENT_TYPE})
         except httpx.TransportError as e:
             if op == "shutdown":
                 return "ok"

@@ -1,5 +1,6 @@
 """Starting the backend from the client side: always as a separate process (`python -m arctic_rl.server`),
 so the client never imports engine code."""
+
 from __future__ import annotations
 
 import subprocess
@@ -13,16 +14,20 @@ def run_deploy(config_json: str, timeout_s: float) -> str:
     """Runs the deploy command, echoing its progress; returns the deployed config's JSON."""
     t0 = time.time()
     print("[arctic-rl] starting engines (training, reference, sampling) ...", file=sys.stderr, flush=True)
-    proc = subprocess.Popen([sys.executable, "-m", "arctic_rl.server", "deploy", config_json],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "arctic_rl.server", "deploy", config_json],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     result, tail = None, []
     assert proc.stdout is not None
     for line in proc.stdout:
         line = line.rstrip("\n")
         if line.startswith("ARCTIC_RL_CONFIG "):
-            result = line[len("ARCTIC_RL_CONFIG "):]
+            result = line[len("ARCTIC_RL_CONFIG ") :]
         elif line.startswith("ARCTIC_RL_ERROR "):
-            name, _, msg = line[len("ARCTIC_RL_ERROR "):].partition(": ")
+            name, _, msg = line[len("ARCTIC_RL_ERROR ") :].partition(": ")
             proc.wait()
             raise ERRORS.get(name, ArcticRLError)(msg)
         else:

@@ -1,4 +1,5 @@
 """Ray transport: calls the deployment's controller actor directly (tensors go through Ray's object store)."""
+
 from __future__ import annotations
 
 import os
@@ -10,9 +11,24 @@ from arctic_rl.config import ArcticRLClientConfig
 from arctic_rl.errors import ArcticRLError, EngineDeadError, ProtocolError
 
 NAMESPACE = "arctic-rl"  # the server's namespace (kept in sync by a test; the client cannot import it)
-OPS = frozenset({"generate", "sampler_log_probs", "log_probs", "forward_backward", "optimizer_step", "sync_weights",
-                 "update_reference", "sleep", "wake", "save_checkpoint", "load_checkpoint", "health",
-                 "reconnect_config", "shutdown"})
+OPS = frozenset(
+    {
+        "generate",
+        "sampler_log_probs",
+        "log_probs",
+        "forward_backward",
+        "optimizer_step",
+        "sync_weights",
+        "update_reference",
+        "sleep",
+        "wake",
+        "save_checkpoint",
+        "load_checkpoint",
+        "health",
+        "reconnect_config",
+        "shutdown",
+    }
+)
 
 
 class RayTransport:
@@ -25,13 +41,19 @@ class RayTransport:
                 # cluster unless the user chose a mode; real clusters keep their own settings.
                 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
             # No address: a fresh local Ray ("local"), never whatever cluster happens to run on this host.
-            ray.init(address=address or "local", namespace=NAMESPACE, ignore_reinit_error=True, log_to_driver=False,
-                     include_dashboard=False)
+            ray.init(
+                address=address or "local",
+                namespace=NAMESPACE,
+                ignore_reinit_error=True,
+                log_to_driver=False,
+                include_dashboard=False,
+            )
         if config.job_id is None:
             # Deploy on *this* Ray cluster (the one just started when there was none).
             gcs = ray.get_runtime_context().gcs_address
             config = ArcticRLClientConfig.from_json(
-                run_deploy(config.model_copy(update={"ray_address": gcs}).to_json(), config.request_timeout_s))
+                run_deploy(config.model_copy(update={"ray_address": gcs}).to_json(), config.request_timeout_s)
+            )
         self.config = config
         try:
             self.handle = ray.get_actor(f"controller-{config.job_id}", namespace=NAMESPACE)
@@ -54,7 +76,9 @@ class RayTransport:
         except ray.exceptions.RayActorError as e:
             if op == "shutdown":
                 return "ok"
-            raise EngineDeadError(f"the arctic-rl controller of job {self.config.job_id} is gone: {str(e).splitlines()[0]}") from None
+            raise EngineDeadError(
+                f"the arctic-rl controller of job {self.config.job_id} is gone: {str(e).splitlines()[0]}"
+            ) from None
         except ray.exceptions.GetTimeoutError:
             raise EngineDeadError(f"{op} got no answer within {self.config.request_timeout_s}s") from None
 

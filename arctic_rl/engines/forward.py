@@ -6,9 +6,10 @@ Every row is run as is (prompt re-encoded for every response). ZoRRo Train
 
 Legend: B rows, T = P + R columns, R response columns, N selected tokens, H hidden, V vocab.
 """
+
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
@@ -27,8 +28,14 @@ def decoder_and_head(model) -> tuple[torch.nn.Module, torch.nn.Module]:
     return body, model.get_output_embeddings()
 
 
-def head_post_process(hidden_NH: torch.Tensor, labels_N: torch.Tensor, head: torch.nn.Module,
-                      post_processor: str | Callable, pp_config: dict, chunk_tokens: int) -> dict[str, torch.Tensor]:
+def head_post_process(
+    hidden_NH: torch.Tensor,
+    labels_N: torch.Tensor,
+    head: torch.nn.Module,
+    post_processor: str | Callable,
+    pp_config: dict,
+    chunk_tokens: int,
+) -> dict[str, torch.Tensor]:
     """LM head + post-processor (a registered name, or the function the caller resolved) over N
     tokens in chunks, so [N, V] logits never exist at once.
 
@@ -44,7 +51,7 @@ def head_post_process(hidden_NH: torch.Tensor, labels_N: torch.Tensor, head: tor
         num_chunks = int(n)
     for i in range(num_chunks):
         s = i * chunk_tokens
-        h, y = hidden_NH[s:s + chunk_tokens], labels_N[s:s + chunk_tokens]
+        h, y = hidden_NH[s : s + chunk_tokens], labels_N[s : s + chunk_tokens]
         if torch.is_grad_enabled() and h.requires_grad:
             keys: list[str] = []
 
@@ -52,6 +59,7 @@ def head_post_process(hidden_NH: torch.Tensor, labels_N: torch.Tensor, head: tor
                 out = fn(head(h_), y_, pp_config)
                 keys_[:] = sorted(out)
                 return tuple(out[k] for k in keys_)
+
             vals = torch.utils.checkpoint.checkpoint(run, h, use_reentrant=False)
             out = dict(zip(keys, vals))
         else:
@@ -61,21 +69,29 @@ def head_post_process(hidden_NH: torch.Tensor, labels_N: torch.Tensor, head: tor
     return {k: torch.cat(v) for k, v in parts.items()}
 
 
-def naive_log_probs(model, batch: Batch, *, post_processor: str | Callable = "log_probs", pp_config: dict | None = None,
-                    chunk_tokens: int = DEFAULT_CHUNK_TOKENS) -> dict[str, torch.Tensor]:
+def naive_log_probs(
+    model,
+    batch: Batch,
+    *,
+    post_processor: str | Callable = "log_probs",
+    pp_config: dict | None = None,
+    chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
+) -> dict[str, torch.Tensor]:
     """{"log_probs": [B, R], "entropy": [B, R]?}; zeros where the response is padding."""
     pp_config = pp_config or {}
     ids_BT, mask_BT = batch["input_ids"], batch["attention_mask"]
     B, T = ids_BT.shape
     R = batch["responses"].shape[1]
     body, head = decoder_and_head(model)
-    hidden_BTH = body(input_ids=ids_BT, attention_mask=mask_BT, position_ids=position_ids(batch),
-                      use_cache=False).last_hidden_state
+    hidden_BTH = body(
+        input_ids=ids_BT, attention_mask=mask_BT, position_ids=position_ids(batch), use_cache=False
+    ).last_hidden_state
     # hidden state at column t predicts the token at t + 1: responses sit at columns T-R..T-1.
-    hidden_BRH = hidden_BTH[:, T - R - 1:T - 1]
-    sel_BR = mask_BT[:, T - R:].bool()
-    out_N = head_post_process(hidden_BRH[sel_BR], batch["responses"][sel_BR], head, post_processor,
-                              pp_config, chunk_tokens)
+    hidden_BRH = hidden_BTH[:, T - R - 1 : T - 1]
+    sel_BR = mask_BT[:, T - R :].bool()
+    out_N = head_post_process(
+        hidden_BRH[sel_BR], batch["responses"][sel_BR], head, post_processor, pp_config, chunk_tokens
+    )
     out = {}
     for k, v in out_N.items():
         full = torch.zeros(B, R, dtype=v.dtype, device=v.device)
@@ -86,5 +102,6 @@ def naive_log_probs(model, batch: Batch, *, post_processor: str | Callable = "lo
 def response_log_probs(model, batch: Batch, *, zorro: bool = False, **kw) -> dict[str, torch.Tensor]:
     if zorro:
         from arctic_rl.zorro.train import zorro_log_probs
+
         return zorro_log_probs(model, batch, **kw)
     return naive_log_probs(model, batch, **kw)

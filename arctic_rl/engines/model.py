@@ -1,4 +1,5 @@
 """Loading the HF model the same way in every engine (overrides such as YaRN applied once, here)."""
+
 from __future__ import annotations
 
 import torch

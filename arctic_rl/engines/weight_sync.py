@@ -7,9 +7,11 @@ the gathered state dict to vLLM's `reload_weights` instead (engines/sampling.py)
 Not run on this project's CPU machines (no GPU): written against vLLM 0.32's API and kept to the
 calls its own trainer engine makes (trainer_init -> send_weights).
 """
+
 from __future__ import annotations
 
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import ray
 import torch
@@ -55,6 +57,7 @@ def zero_source(module: torch.nn.Module, zero_stage: int):
 
         def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
             import deepspeed
+
             for name, p in module.named_parameters():
                 if zero_stage == 3:
                     with deepspeed.zero.GatheredParameters([p]):
@@ -65,15 +68,25 @@ def zero_source(module: torch.nn.Module, zero_stage: int):
     return _Source()
 
 
-def open_trainer_engine(backend: str, module, zero_stage: int, rank: int, samplers: list, master_address: str,
-                        master_port: int, num_sampler_workers: int):
+def open_trainer_engine(
+    backend: str,
+    module,
+    zero_stage: int,
+    rank: int,
+    samplers: list,
+    master_address: str,
+    master_port: int,
+    num_sampler_workers: int,
+):
     """Trainer side; every trainer rank calls it (rank 0 is the sender)."""
     client, source = SamplerGroupClient(samplers), zero_source(module, zero_stage)
     if backend == "ipc":
         from vllm.distributed.weight_transfer.ipc_engine import IPCTrainerInitInfo, IPCTrainerWeightTransferEngine
+
         return IPCTrainerWeightTransferEngine.trainer_init(IPCTrainerInitInfo(rank=rank), client=client, source=source)
     from vllm.distributed.weight_transfer.nccl_engine import NCCLTrainerInitInfo, NCCLTrainerWeightTransferEngine
 
-    info = NCCLTrainerInitInfo(master_address=master_address, master_port=master_port,
-                               world_size=1 + num_sampler_workers, rank=rank)
+    info = NCCLTrainerInitInfo(
+        master_address=master_address, master_port=master_port, world_size=1 + num_sampler_workers, rank=rank
+    )
     return NCCLTrainerWeightTransferEngine.trainer_init(info, client=client, source=source)

@@ -16,10 +16,11 @@ started with `--allow-imports`. The supported way to add a loss to a server is a
 in its config (`server.loss_modules`), imported at start by `load_loss_modules`.
 This module imports nothing heavy (its losses only torch), so losses test on plain tensors.
 """
+
 from __future__ import annotations
 
 import importlib
-from typing import Callable
+from collections.abc import Callable
 
 from arctic_rl.errors import ConfigError, UnknownNameError
 
@@ -31,6 +32,7 @@ def register_loss_fn(name: str):
     def deco(fn):
         LOSS_FNS[name] = fn
         return fn
+
     return deco
 
 
@@ -38,6 +40,7 @@ def register_post_processor(name: str):
     def deco(fn):
         POST_PROCESSORS[name] = fn
         return fn
+
     return deco
 
 
@@ -57,8 +60,12 @@ def _resolve(name: str, table: dict[str, Callable], what: str, allow_imports: bo
         if not callable(fn):
             raise UnknownNameError(f"{what} {name!r} is not callable")
         return fn
-    hint = (" (dotted paths are refused: the server was not started with --allow-imports; list your module "
-            "in the server config's loss_modules instead)" if dotted else "")
+    hint = (
+        " (dotted paths are refused: the server was not started with --allow-imports; list your module "
+        "in the server config's loss_modules instead)"
+        if dotted
+        else ""
+    )
     raise UnknownNameError(f"unknown {what} {name!r}; known: {sorted(table)}{hint}")
 
 

@@ -69,10 +69,11 @@ over this micro-batch (verl averages those over micro-batches). actor/kl_coef is
 
 Legend: B rows, R response columns.
 """
+
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 from torch import Tensor
@@ -127,8 +128,9 @@ def _bad(key: str, value, want: str) -> ValueError:
     return ValueError(f"loss_config[{key!r}] = {value!r}: {want}")
 
 
-def _number(cfg: dict, key: str, default, *, min_value: float | None = None, above: float | None = None,
-            optional: bool = False):
+def _number(
+    cfg: dict, key: str, default, *, min_value: float | None = None, above: float | None = None, optional: bool = False
+):
     value = cfg.get(key, default)
     if value is None and optional:
         return None
@@ -162,7 +164,7 @@ def _is_threshold(value) -> tuple[float, float | None]:
         else:
             upper = float(value)
     except (TypeError, ValueError):
-        raise _bad("rollout_is_threshold", value, 'expected a float or a "lower_upper" string like "0.5_2.0"')
+        raise _bad("rollout_is_threshold", value, 'expected a float or a "lower_upper" string like "0.5_2.0"') from None
     if upper <= 0 or (lower is not None and not 0 < lower <= upper):
         raise _bad("rollout_is_threshold", value, "bounds must satisfy 0 < lower <= upper")
     return upper, lower
@@ -207,11 +209,15 @@ def parse_config(config: dict | None) -> GRPOConfig:
     if out.prox_alpha is not None and out.prox_alpha > 1.0:
         raise _bad("prox_alpha", out.prox_alpha, "must be in [0, 1]")
     if out.prox_logp_method == "loglinear" and (out.prox_alpha is None) == (out.prox_staleness is None):
-        raise ValueError("prox_logp_method='loglinear' needs exactly one of loss_config['prox_alpha'] "
-                         f"(got {out.prox_alpha!r}) and loss_config['prox_staleness'] (got {out.prox_staleness!r})")
+        raise ValueError(
+            "prox_logp_method='loglinear' needs exactly one of loss_config['prox_alpha'] "
+            f"(got {out.prox_alpha!r}) and loss_config['prox_staleness'] (got {out.prox_staleness!r})"
+        )
     if out.prox_logp_method == "recompute" and (out.prox_alpha is not None or out.prox_staleness is not None):
-        raise ValueError("loss_config['prox_alpha'] / ['prox_staleness'] only apply with "
-                         "prox_logp_method='loglinear' (got prox_logp_method='recompute')")
+        raise ValueError(
+            "loss_config['prox_alpha'] / ['prox_staleness'] only apply with "
+            "prox_logp_method='loglinear' (got prox_logp_method='recompute')"
+        )
     return out
 
 
@@ -219,8 +225,15 @@ def parse_config(config: dict | None) -> GRPOConfig:
 # aggregation
 
 
-def agg_loss(loss_BR: torch.Tensor, mask_BR: torch.Tensor, mode: str, *, num_tokens: float | None = None,
-             num_seqs: float | None = None, scale_factor: float | None = None) -> torch.Tensor:
+def agg_loss(
+    loss_BR: torch.Tensor,
+    mask_BR: torch.Tensor,
+    mode: str,
+    *,
+    num_tokens: float | None = None,
+    num_seqs: float | None = None,
+    scale_factor: float | None = None,
+) -> torch.Tensor:
     """verl's agg_loss with dp_size=1: `num_tokens` / `num_seqs` are the global normalizers (local
     counts when None). An empty batch gives 0, not verl's 0/0 = NaN."""
     mask_BR = mask_BR.bool()
@@ -250,12 +263,14 @@ def masked_mean(x_BR: torch.Tensor, mask_BR: torch.Tensor) -> torch.Tensor:
 # ---------------------------------------------------------------------------------------------
 # policy losses: (logp_BR, old_BR, adv_BR, mask_BR, cfg) -> (per-token loss_BR, metric tensors)
 
-PolicyLoss = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, GRPOConfig],
-                      tuple[torch.Tensor, dict[str, torch.Tensor]]]
+PolicyLoss = Callable[
+    [torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, GRPOConfig], tuple[torch.Tensor, dict[str, torch.Tensor]]
+]
 
 
-def ppo_policy_loss(logp_BR: Tensor, old_BR: Tensor, adv_BR: Tensor, mask_BR: Tensor,
-                    cfg: GRPOConfig) -> tuple[Tensor, dict[str, Tensor]]:
+def ppo_policy_loss(
+    logp_BR: Tensor, old_BR: Tensor, adv_BR: Tensor, mask_BR: Tensor, cfg: GRPOConfig
+) -> tuple[Tensor, dict[str, Tensor]]:
     """Clipped surrogate, plus dual clip: for A < 0 the loss is capped at -A * clip_ratio_c."""
     log_ratio_BR = (logp_BR - old_BR).clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND)
     ratio_BR = log_ratio_BR.exp()
@@ -271,8 +286,9 @@ def ppo_policy_loss(logp_BR: Tensor, old_BR: Tensor, adv_BR: Tensor, mask_BR: Te
     }
 
 
-def gspo_policy_loss(logp_BR: Tensor, old_BR: Tensor, adv_BR: Tensor, mask_BR: Tensor,
-                     cfg: GRPOConfig) -> tuple[Tensor, dict[str, Tensor]]:
+def gspo_policy_loss(
+    logp_BR: Tensor, old_BR: Tensor, adv_BR: Tensor, mask_BR: Tensor, cfg: GRPOConfig
+) -> tuple[Tensor, dict[str, Tensor]]:
     """GSPO: every token of row i uses s_i = exp(mean_t log-ratio) as value, and the gradient of its
     own log-prob (log s_it = sg(log s_i) + logp - sg(logp)), clipped like PPO, no dual clip."""
     log_ratio_BR = logp_BR - old_BR
@@ -289,8 +305,9 @@ def gspo_policy_loss(logp_BR: Tensor, old_BR: Tensor, adv_BR: Tensor, mask_BR: T
     }
 
 
-def cispo_policy_loss(logp_BR: Tensor, old_BR: Tensor, adv_BR: Tensor, mask_BR: Tensor,
-                      cfg: GRPOConfig) -> tuple[Tensor, dict[str, Tensor]]:
+def cispo_policy_loss(
+    logp_BR: Tensor, old_BR: Tensor, adv_BR: Tensor, mask_BR: Tensor, cfg: GRPOConfig
+) -> tuple[Tensor, dict[str, Tensor]]:
     """CISPO: REINFORCE on log-prob weighted by the clipped ratio, the weight stop-gradient, so
     clipped tokens still get a gradient (PPO would zero it)."""
     log_ratio_BR = (logp_BR - old_BR).clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND)
@@ -303,8 +320,9 @@ def cispo_policy_loss(logp_BR: Tensor, old_BR: Tensor, adv_BR: Tensor, mask_BR: 
     }
 
 
-def m2po_keep_mask(log_ratio_BR: torch.Tensor, adv_BR: torch.Tensor, mask_BR: torch.Tensor,
-                   threshold: float) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+def m2po_keep_mask(
+    log_ratio_BR: torch.Tensor, adv_BR: torch.Tensor, mask_BR: torch.Tensor, threshold: float
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Tokens M2PO keeps: drop the largest (log r)^2 among the would-be-clipped tokens until their
     mean (log r)^2 is <= threshold."""
     with torch.no_grad():
@@ -325,8 +343,9 @@ def m2po_keep_mask(log_ratio_BR: torch.Tensor, adv_BR: torch.Tensor, mask_BR: to
     return keep_BR, {"actor/m2po_m2_before": m2_before, "actor/m2po_m2_after": m2_after}
 
 
-def m2po_policy_loss(logp_BR: Tensor, old_BR: Tensor, adv_BR: Tensor, mask_BR: Tensor,
-                     cfg: GRPOConfig) -> tuple[Tensor, dict[str, Tensor]]:
+def m2po_policy_loss(
+    logp_BR: Tensor, old_BR: Tensor, adv_BR: Tensor, mask_BR: Tensor, cfg: GRPOConfig
+) -> tuple[Tensor, dict[str, Tensor]]:
     """M2PO: unclipped -A * ratio on the tokens `m2po_keep_mask` keeps (dropped ones give 0)."""
     log_ratio_BR = logp_BR - old_BR
     keep_BR, stats = m2po_keep_mask(log_ratio_BR, adv_BR, mask_BR, cfg.m2_threshold)
@@ -381,8 +400,9 @@ def loglinear_proximal(behav_BR: torch.Tensor, logp_BR: torch.Tensor, cfg: GRPOC
     return behav_BR + alpha * (logp_BR.detach() - behav_BR)
 
 
-def rollout_is_weights(prox_BR: torch.Tensor, behav_BR: torch.Tensor, mask_BR: torch.Tensor,
-                       cfg: GRPOConfig) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+def rollout_is_weights(
+    prox_BR: torch.Tensor, behav_BR: torch.Tensor, mask_BR: torch.Tensor, cfg: GRPOConfig
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Truncated, detached pi_prox / pi_b per token ("token") or per row ("sequence"), as verl's
     compute_rollout_correction_weights without batch normalization (which is not micro-batch
     invariant)."""
@@ -440,8 +460,7 @@ def _log_probs(outputs: dict) -> torch.Tensor:
 
 
 def agg_options(cfg: GRPOConfig) -> dict:
-    return {"num_tokens": cfg.global_num_tokens, "num_seqs": cfg.global_num_seqs,
-            "scale_factor": cfg.loss_scale_factor}
+    return {"num_tokens": cfg.global_num_tokens, "num_seqs": cfg.global_num_seqs, "scale_factor": cfg.loss_scale_factor}
 
 
 @register_loss_fn("grpo")
@@ -456,8 +475,9 @@ def grpo_loss(outputs: dict, batch: dict, config: dict | None) -> tuple[torch.Te
     metrics: dict[str, torch.Tensor] = {}
 
     decoupled = cfg.rollout_is is not None or cfg.prox_logp_method == "loglinear"
-    behav_BR = _tensor(batch, "rollout_log_probs", shape, "rollout_is / prox_logp_method='loglinear'") \
-        if decoupled else None
+    behav_BR = (
+        _tensor(batch, "rollout_log_probs", shape, "rollout_is / prox_logp_method='loglinear'") if decoupled else None
+    )
     if cfg.prox_logp_method == "loglinear":
         prox_BR = loglinear_proximal(behav_BR, logp_BR, cfg)
     else:
@@ -475,8 +495,10 @@ def grpo_loss(outputs: dict, batch: dict, config: dict | None) -> tuple[torch.Te
 
     entropy_BR = outputs.get("entropy")
     if cfg.entropy_coeff != 0 and entropy_BR is None:
-        raise ValueError(f"loss_config['entropy_coeff'] = {cfg.entropy_coeff} needs outputs['entropy']: "
-                         "ask the post-processor for it (compute_entropy=True)")
+        raise ValueError(
+            f"loss_config['entropy_coeff'] = {cfg.entropy_coeff} needs outputs['entropy']: "
+            "ask the post-processor for it (compute_entropy=True)"
+        )
     if entropy_BR is not None:
         if entropy_BR.shape != shape:
             raise ValueError(f"outputs['entropy'] must have shape {list(shape)}, got {list(entropy_BR.shape)}")

@@ -1,4 +1,5 @@
 """Built-in post-processors: logits chunk -> per-token log-probs (and entropy)."""
+
 from __future__ import annotations
 
 import torch

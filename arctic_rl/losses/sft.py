@@ -14,6 +14,7 @@ given, a per-call mean otherwise).
 
 Legend: B rows, R response columns.
 """
+
 from __future__ import annotations
 
 import torch
@@ -35,8 +36,12 @@ def sft_loss(outputs: dict, batch: dict, config: dict | None) -> tuple[torch.Ten
         raise _bad("loss_agg_mode", mode, f"expected one of {list(AGG_MODES)}")
     logp_BR = _log_probs(outputs)
     mask_BR = _tensor(batch, "response_mask", logp_BR.shape, "the sft loss")
-    loss = agg_loss(-logp_BR, mask_BR, mode,
-                    num_tokens=_number(cfg, "global_num_tokens", None, min_value=0.0, optional=True),
-                    num_seqs=_number(cfg, "global_num_seqs", None, min_value=0.0, optional=True),
-                    scale_factor=_number(cfg, "loss_scale_factor", None, above=0.0, optional=True))
+    loss = agg_loss(
+        -logp_BR,
+        mask_BR,
+        mode,
+        num_tokens=_number(cfg, "global_num_tokens", None, min_value=0.0, optional=True),
+        num_seqs=_number(cfg, "global_num_seqs", None, min_value=0.0, optional=True),
+        scale_factor=_number(cfg, "loss_scale_factor", None, above=0.0, optional=True),
+    )
     return loss, {"actor/sft_loss": float(loss.detach())}

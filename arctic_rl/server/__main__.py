@@ -1,6 +1,7 @@
 """`python -m arctic_rl.server deploy CONFIG_JSON`: start a deployment on the Ray cluster named in
 the config (or RAY_ADDRESS), print its config (with job_id) as the last line, and exit; the engines
 keep running as detached Ray actors. `serve` runs the HTTP front end (see arctic_rl.server.http)."""
+
 from __future__ import annotations
 
 import sys
@@ -11,6 +12,7 @@ def main(argv: list[str]) -> int:
         from arctic_rl.config import ArcticRLClientConfig
         from arctic_rl.errors import ArcticRLError
         from arctic_rl.server.deploy import deploy
+
         try:
             cfg, _ = deploy(ArcticRLClientConfig.from_json(argv[1]))
         except ArcticRLError as e:
@@ -20,6 +22,7 @@ def main(argv: list[str]) -> int:
         return 0
     if argv and argv[0] == "serve":
         from arctic_rl.server.http import main as serve
+
         return serve(argv[1:])
     print(__doc__, file=sys.stderr)
     return 2

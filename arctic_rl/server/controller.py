@@ -5,6 +5,7 @@ Both transports end here: the Ray client calls its methods directly, the HTTP se
 Ops on different engines may run at once (generate while training: the async pipeline); ops on the
 same engine are serialized by that engine's lock.
 """
+
 from __future__ import annotations
 
 import json
@@ -23,6 +24,7 @@ from arctic_rl.errors import ArcticRLError, ConfigError, EngineDeadError, Engine
 from arctic_rl.losses import load_loss_modules, resolve_loss_fn
 from arctic_rl.server import placement
 from arctic_rl.server.requests import ENGINES, check_request, checkpoint_path
+
 NAMESPACE = "arctic-rl"
 PING_TIMEOUT_S = 10.0
 
@@ -46,12 +48,15 @@ class _CpuPlacer:
 
         n = placement.cpu_bundle_count(cfg)
         num_nodes = max(1, sum(1 for node in ray.nodes() if node["Alive"] and node["Resources"].get("CPU", 0) > 0))
-        self.pgs = [placement_group([dict(placement.CPU_BUNDLE)] * num_nodes, strategy="STRICT_SPREAD")
-                    for _ in range(n)]
+        self.pgs = [
+            placement_group([dict(placement.CPU_BUNDLE)] * num_nodes, strategy="STRICT_SPREAD") for _ in range(n)
+        ]
         for pg in self.pgs:
             if not pg.wait(timeout_seconds=300):
-                raise ConfigError(f"Ray could not place engine tokens on {num_nodes} node(s) in 300 s "
-                                  f"(cluster: {ray.cluster_resources()})")
+                raise ConfigError(
+                    f"Ray could not place engine tokens on {num_nodes} node(s) in 300 s "
+                    f"(cluster: {ray.cluster_resources()})"
+                )
         by_node: dict[str, list[tuple]] = {}
         for pg in self.pgs:
             for b, node in sorted(placement_group_table(pg)["bundles_to_node_id"].items()):
@@ -61,11 +66,16 @@ class _CpuPlacer:
 
     def _take(self, slot: int) -> dict:
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
         n = len(self.queues)
         queue = next(self.queues[(slot + k) % n] for k in range(n) if self.queues[(slot + k) % n])
         pg, bundle = queue.pop(0)
-        return {"num_cpus": 0, "scheduling_strategy": PlacementGroupSchedulingStrategy(
-            placement_group=pg, placement_group_bundle_index=bundle)}
+        return {
+            "num_cpus": 0,
+            "scheduling_strategy": PlacementGroupSchedulingStrategy(
+                placement_group=pg, placement_group_bundle_index=bundle
+            ),
+        }
 
     def trainer(self, rank: int) -> dict:
         return self._take(rank)
@@ -78,6 +88,7 @@ class _CpuPlacer:
 
     def release(self) -> None:
         from ray.util.placement_group import remove_placement_group
+
         for pg in self.pgs:
             remove_placement_group(pg)
 
@@ -96,6 +107,7 @@ class _GpuPlacer:
     @staticmethod
     def _pool(n: int):
         from ray.util.placement_group import placement_group
+
         pg = placement_group([dict(placement.BUNDLE)] * n, strategy="PACK")
         if not pg.wait(timeout_seconds=300):
             raise ConfigError(f"Ray could not reserve {n} GPU bundles in 300 s (cluster: {ray.cluster_resources()})")
@@ -103,9 +115,16 @@ class _GpuPlacer:
 
     def _opts(self, slot: placement.Slot) -> dict:
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
-        return {"num_gpus": slot.gpu_share, "num_cpus": 0, "scheduling_strategy": PlacementGroupSchedulingStrategy(
-            placement_group=self.pgs[slot.pool], placement_group_bundle_index=slot.bundle,
-            placement_group_capture_child_tasks=True)}
+
+        return {
+            "num_gpus": slot.gpu_share,
+            "num_cpus": 0,
+            "scheduling_strategy": PlacementGroupSchedulingStrategy(
+                placement_group=self.pgs[slot.pool],
+                placement_group_bundle_index=slot.bundle,
+                placement_group_capture_child_tasks=True,
+            ),
+        }
 
     def trainer(self, rank: int) -> dict:
         return self._opts(self.layout.trainers[rank])
@@ -119,6 +138,7 @@ class _GpuPlacer:
 
     def release(self) -> None:
         from ray.util.placement_group import remove_placement_group
+
         for pg in self.pgs.values():
             remove_placement_group(pg)
 
@@ -139,17 +159,22 @@ class Controller:
         self.placer = place = (_GpuPlacer if ray.cluster_resources().get("GPU", 0) > 0 else _CpuPlacer)(cfg)
         train_cls, sample_cls = ray.remote(TrainingWorker), ray.remote(SamplingWorker)
         env = {"env_vars": env_vars}
-        self.trainers = [train_cls.options(runtime_env=env, **place.trainer(r)).remote(cfg.to_json(), r, cfg.training_gpus, True)
-                         for r in range(cfg.training_gpus)]
+        self.trainers = [
+            train_cls.options(runtime_env=env, **place.trainer(r)).remote(cfg.to_json(), r, cfg.training_gpus, True)
+            for r in range(cfg.training_gpus)
+        ]
         # The reference model: dedicated workers, or one worker sharing the trainer's devices.
         n_ref = placement.num_reference_workers(cfg)
-        self.ref = [train_cls.options(runtime_env=env, **place.reference(r)).remote(cfg.to_json(), r, n_ref, False)
-                    for r in range(n_ref)]
+        self.ref = [
+            train_cls.options(runtime_env=env, **place.reference(r)).remote(cfg.to_json(), r, n_ref, False)
+            for r in range(n_ref)
+        ]
         self.samplers = []
         for i in range(cfg.num_sampling_replicas):
             opts, tp_env = place.sampler(i)
-            self.samplers.append(sample_cls.options(runtime_env={"env_vars": {**env_vars, **tp_env}}, **opts)
-                                 .remote(cfg.to_json(), i))
+            self.samplers.append(
+                sample_cls.options(runtime_env={"env_vars": {**env_vars, **tp_env}}, **opts).remote(cfg.to_json(), i)
+            )
         # Each DeepSpeed group meets at its rank 0's node (ranks may be on different nodes).
         setups = []
         for engine, group in (("training", self.trainers), ("log_prob", self.ref)):
@@ -165,9 +190,13 @@ class Controller:
         self.nccl = cfg.vllm_config.weight_sync != "reload"  # vLLM's weight-transfer engine (NCCL or IPC)
         if self.nccl:
             if ray.cluster_resources().get("GPU", 0) == 0:
-                raise ConfigError(f"vllm_config.weight_sync={cfg.vllm_config.weight_sync!r} needs GPUs; use 'reload' on CPU")
+                raise ConfigError(
+                    f"vllm_config.weight_sync={cfg.vllm_config.weight_sync!r} needs GPUs; use 'reload' on CPU"
+                )
             port, workers = self._get(self.trainers[0].rendezvous.remote(), "training")[1], cfg.sampling_gpus
-            self._get([t.nccl_connect.remote(self.samplers, port, workers) for t in self.trainers], "training", timeout=None)
+            self._get(
+                [t.nccl_connect.remote(self.samplers, port, workers) for t in self.trainers], "training", timeout=None
+            )
         # Token ids a request may carry: below the model's embedding rows.
         self.vocab = self._get(self.trainers[0].vocab_size.remote(), "training")
         # The trainer/sampler log-prob gap with equal weights: the noise floor sync checks against.
@@ -178,7 +207,9 @@ class Controller:
         try:
             return ray.get(refs, timeout=timeout or self.cfg.request_timeout_s)
         except ray.exceptions.GetTimeoutError:
-            raise EngineDeadError(f"{engine} engine did not answer within {timeout or self.cfg.request_timeout_s}s") from None
+            raise EngineDeadError(
+                f"{engine} engine did not answer within {timeout or self.cfg.request_timeout_s}s"
+            ) from None
         except ray.exceptions.RayActorError as e:
             raise EngineDeadError(f"{engine} engine worker died: {str(e).splitlines()[0]}") from None
         except ray.exceptions.RayTaskError as e:
@@ -190,7 +221,7 @@ class Controller:
             tail = "".join(traceback.format_exception_only(type(cause), cause)).strip() if cause else str(e)
             raise EngineError(f"{engine} engine failed: {tail}") from None
 
-    def _locked(self, *engines: str) -> "_MultiLock":
+    def _locked(self, *engines: str) -> _MultiLock:
         for e in engines:
             if self.asleep[e]:
                 raise EngineError(f"the {e} engine is asleep: call wake({e!r}) first")
@@ -228,15 +259,30 @@ class Controller:
             # often share a prefix) stay on one replica and its prefix cache.
             k = len(self.samplers)
             bounds = [len(prompts) * i // k for i in range(k + 1)]
-            refs = [(s, self.samplers[i].generate.remote(prompts[s:e], params, s))
-                    for i, (s, e) in enumerate(zip(bounds, bounds[1:])) if e > s]
+            refs = [
+                (s, self.samplers[i].generate.remote(prompts[s:e], params, s))
+                for i, (s, e) in enumerate(zip(bounds, bounds[1:]))
+                if e > s
+            ]
             outs = self._get([r for _, r in refs], "sampling")
         return [sample for part in outs for group in part for sample in group]
 
-    def log_probs(self, batch: Batch, reference: bool = False, compute_entropy: bool = False,
-                  temperature: float = 1.0, post_processor: str = "log_probs") -> dict[str, torch.Tensor]:
-        self._check("log_probs", batch=batch, reference=reference, compute_entropy=compute_entropy,
-                    temperature=temperature, post_processor=post_processor)
+    def log_probs(
+        self,
+        batch: Batch,
+        reference: bool = False,
+        compute_entropy: bool = False,
+        temperature: float = 1.0,
+        post_processor: str = "log_probs",
+    ) -> dict[str, torch.Tensor]:
+        self._check(
+            "log_probs",
+            batch=batch,
+            reference=reference,
+            compute_entropy=compute_entropy,
+            temperature=temperature,
+            post_processor=post_processor,
+        )
         B, P, R = validate_batch(batch, LOG_PROBS_KEYS)
         engine = "log_prob" if reference else "training"
         actors = self.ref if reference else self.trainers
@@ -252,10 +298,12 @@ class Controller:
                     result[k][torch.tensor(r)] = mb_out[k]
         return result
 
-    def forward_backward(self, batch: Batch, loss_fn: str = "grpo", loss_config: dict | None = None,
-                         post_processor: str = "log_probs") -> dict[str, float]:
-        self._check("forward_backward", batch=batch, loss_fn=loss_fn, loss_config=loss_config,
-                    post_processor=post_processor)
+    def forward_backward(
+        self, batch: Batch, loss_fn: str = "grpo", loss_config: dict | None = None, post_processor: str = "log_probs"
+    ) -> dict[str, float]:
+        self._check(
+            "forward_backward", batch=batch, loss_fn=loss_fn, loss_config=loss_config, post_processor=post_processor
+        )
         B, P, R = validate_batch(batch, TRAIN_KEYS)
         cfg = dict(loss_config or {})
         mask = batch["response_mask"]
@@ -267,15 +315,20 @@ class Controller:
         per_rank, _ = self._deal(batch, len(self.trainers), self.cfg.training_config.micro_batch_size)
         t0 = time.time()
         with self._locked("training"):
-            outs = self._get([a.forward_backward.remote(mbs, loss_fn, cfg, post_processor)
-                              for a, mbs in zip(self.trainers, per_rank)], "training")
+            outs = self._get(
+                [
+                    a.forward_backward.remote(mbs, loss_fn, cfg, post_processor)
+                    for a, mbs in zip(self.trainers, per_rank)
+                ],
+                "training",
+            )
         metrics = _reduce_metrics([m for rank in outs for m in rank])
         metrics["timing/forward_backward_s"] = time.time() - t0
         metrics["num_tokens"] = float(mask.sum())
         return metrics
 
     def _dry_run_loss(self, loss_fn: str, batch: Batch, cfg: dict) -> None:
-        B, P, R = batch["input_ids"].shape[0], 0, batch["responses"].shape[1]
+        R = batch["responses"].shape[1]
         one = select_rows(batch, [0])
         outputs = {"log_probs": torch.zeros(1, R), "entropy": torch.zeros(1, R)}
         try:
@@ -303,8 +356,13 @@ class Controller:
                 secs = self._get([s.update_weights.remote(state_ref) for s in self.samplers], "sampling")
             check = self._compare_weights(state_ref)
         probe = self._probe_log_prob_diff()
-        return {"sync_s": time.time() - t0, "gather_s": t_gather, "load_s": max(secs), **check,
-                "probe_max_abs_logprob_diff": probe}
+        return {
+            "sync_s": time.time() - t0,
+            "gather_s": t_gather,
+            "load_s": max(secs),
+            **check,
+            "probe_max_abs_logprob_diff": probe,
+        }
 
     def check_weights(self) -> dict:
         """Whether the samplers hold exactly the trainer's current weights, without syncing (a sampler that
@@ -325,10 +383,13 @@ class Controller:
                 raise WeightSyncError(
                     f"sampler replica {replica} does not hold the trainer's weights: first stale tensor {name} "
                     f"(max |sampler - trainer| {diff:.3g} in the sampler's dtype {sampler_dtype(self.cfg)}; "
-                    f"{res['checked'] - 1} tensors before it matched)")
+                    f"{res['checked'] - 1} tensors before it matched)"
+                )
             if res["checked"] == 0:
-                raise WeightSyncError(f"sampler replica {replica}: no parameter could be compared with the "
-                                      f"trainer's by name and shape ({res['unchecked']} unchecked)")
+                raise WeightSyncError(
+                    f"sampler replica {replica}: no parameter could be compared with the "
+                    f"trainer's by name and shape ({res['unchecked']} unchecked)"
+                )
         return {"checked_tensors": results[0]["checked"], "unchecked_tensors": results[0]["unchecked"]}
 
     def _probe_diff(self) -> tuple[float, float]:
@@ -354,8 +415,10 @@ class Controller:
             bound = 2 * self._probe_baseline + 0.01
             bad, limit = mean > bound, f"mean {bound:.3g} (2x the start-up value + 0.01)"
         if bad:
-            raise WeightSyncError(f"after sync the sampler's log-probs differ from the trainer's: max {worst:.3g}, "
-                                  f"mean {mean:.3g}; allowed: {limit} ({self.cfg.training_config.dtype})")
+            raise WeightSyncError(
+                f"after sync the sampler's log-probs differ from the trainer's: max {worst:.3g}, "
+                f"mean {mean:.3g}; allowed: {limit} ({self.cfg.training_config.dtype})"
+            )
         return worst
 
     def sampler_log_probs(self, sequences: list[list[int]], prompt_lens: list[int]) -> list[list[float]]:
@@ -406,7 +469,9 @@ class Controller:
         try:
             step = int(json.loads(meta_path.read_text())["step"])
         except (ValueError, KeyError, TypeError) as e:
-            raise ConfigError(f"{meta_path}: not a valid arctic-rl checkpoint record ({type(e).__name__}: {e})") from None
+            raise ConfigError(
+                f"{meta_path}: not a valid arctic-rl checkpoint record ({type(e).__name__}: {e})"
+            ) from None
         with self._locked("training"):
             self._get([a.load_checkpoint.remote(path) for a in self.trainers], "training")
         self.step = step
@@ -424,8 +489,14 @@ class Controller:
                 except Exception as e:  # a dead actor raises RayActorError; report, don't crash health
                     engines[name] = {"ok": False, "error": str(e).splitlines()[0]}
         dead = [n for n, v in engines.items() if v["ok"] is False]
-        return {"ok": not dead, "job_id": self.job_id, "step": self.step, "dead": dead, "engines": engines,
-                "asleep": [e for e in ENGINES if self.asleep[e]]}
+        return {
+            "ok": not dead,
+            "job_id": self.job_id,
+            "step": self.step,
+            "dead": dead,
+            "engines": engines,
+            "asleep": [e for e in ENGINES if self.asleep[e]],
+        }
 
     def reconnect_config(self) -> str:
         return self.cfg.to_json()
@@ -459,6 +530,7 @@ def _reduce_metrics(per_mb: list[dict]) -> dict[str, float]:
     """Metrics normalized by the global counts (SUM_METRICS, and the loss) add up over micro-batches;
     the rest are per-micro-batch means and are averaged, as verl does."""
     from arctic_rl.losses.grpo import SUM_METRICS
+
     out: dict[str, float] = {}
     keys = {k for m in per_mb for k in m}
     for k in keys:

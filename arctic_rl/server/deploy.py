@@ -1,4 +1,5 @@
 """Bring a deployment up (or find a running one) on the current Ray cluster, and record it."""
+
 from __future__ import annotations
 
 import os
@@ -15,28 +16,40 @@ def init_ray(cfg: ArcticRLClientConfig) -> str:
     """Connects to cfg.ray_address / RAY_ADDRESS, or starts a local Ray; returns the GCS address."""
     if not ray.is_initialized():
         address = cfg.ray_address or os.environ.get("RAY_ADDRESS")
-        ray.init(address=address or "local", namespace=NAMESPACE, ignore_reinit_error=True, log_to_driver=False,
-                 include_dashboard=False, **({} if address else {"num_cpus": os.cpu_count()}))
+        ray.init(
+            address=address or "local",
+            namespace=NAMESPACE,
+            ignore_reinit_error=True,
+            log_to_driver=False,
+            include_dashboard=False,
+            **({} if address else {"num_cpus": os.cpu_count()}),
+        )
     return ray.get_runtime_context().gcs_address
 
 
-def deploy(cfg: ArcticRLClientConfig) -> tuple[ArcticRLClientConfig, "ray.actor.ActorHandle"]:
+def deploy(cfg: ArcticRLClientConfig) -> tuple[ArcticRLClientConfig, ray.actor.ActorHandle]:
     """Returns (config with job_id and ray_address, controller handle). With cfg.job_id set, attaches."""
     address = init_ray(cfg)
     if cfg.job_id:
         try:
             handle = ray.get_actor(controller_name(cfg.job_id), namespace=NAMESPACE)
         except ValueError:
-            raise EngineDeadError(f"no running deployment with job_id {cfg.job_id!r} on Ray cluster {address}") from None
+            raise EngineDeadError(
+                f"no running deployment with job_id {cfg.job_id!r} on Ray cluster {address}"
+            ) from None
         # The running deployment's own config (its server rules), reached the way this caller asked.
         running = ArcticRLClientConfig.from_json(ray.get(handle.config_json.remote()))
         return running.model_copy(update={"host": cfg.host, "port": cfg.port, "auth_token": cfg.auth_token}), handle
     # checkpoint_root's default is resolved here, where the deployment is started (job dir or ./runs).
     cfg = cfg.with_new_job_id().model_copy(update={"ray_address": address, "server": cfg.server.resolved()})
     t0 = time.time()
-    handle = ray.remote(Controller).options(
-        name=controller_name(cfg.job_id), namespace=NAMESPACE, lifetime="detached", max_concurrency=16,
-        num_cpus=0).remote(cfg.to_json())
+    handle = (
+        ray.remote(Controller)
+        .options(
+            name=controller_name(cfg.job_id), namespace=NAMESPACE, lifetime="detached", max_concurrency=16, num_cpus=0
+        )
+        .remote(cfg.to_json())
+    )
     try:
         ray.get(handle.ready.remote())
     except ray.exceptions.RayActorError as e:

@@ -7,6 +7,7 @@ Binds to loopback by default; any other host requires a bearer token (from ARCTI
 defensively; every request's arguments are checked (arctic_rl.server.requests) before the controller
 sees them: a malformed request gets a 4xx naming the argument and the server stays healthy.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -26,17 +27,40 @@ from starlette.concurrency import run_in_threadpool
 
 from arctic_rl import wire
 from arctic_rl.config import TOKEN_ENV, ArcticRLClientConfig
-from arctic_rl.errors import (ERRORS, ArcticRLError, AuthError, ConfigError, EngineDeadError, EngineError, ProtocolError,
-                              TooLargeError)
+from arctic_rl.errors import (
+    ERRORS,
+    ArcticRLError,
+    AuthError,
+    ConfigError,
+    EngineDeadError,
+    EngineError,
+    ProtocolError,
+    TooLargeError,
+)
 from arctic_rl.losses import load_loss_modules
 from arctic_rl.server.controller import Controller
 from arctic_rl.server.deploy import deploy
 from arctic_rl.server.requests import check_request
 
-OPS = {name: inspect.signature(getattr(Controller, name)) for name in (
-    "generate", "sampler_log_probs", "log_probs", "forward_backward", "optimizer_step", "sync_weights",
-    "update_reference", "sleep", "wake", "save_checkpoint", "load_checkpoint", "health", "reconnect_config",
-    "shutdown")}
+OPS = {
+    name: inspect.signature(getattr(Controller, name))
+    for name in (
+        "generate",
+        "sampler_log_probs",
+        "log_probs",
+        "forward_backward",
+        "optimizer_step",
+        "sync_weights",
+        "update_reference",
+        "sleep",
+        "wake",
+        "save_checkpoint",
+        "load_checkpoint",
+        "health",
+        "reconnect_config",
+        "shutdown",
+    )
+}
 
 
 def _error(e: ArcticRLError) -> JSONResponse:
@@ -65,14 +89,16 @@ def build_app(handle, cfg: ArcticRLClientConfig, on_shutdown=lambda: None) -> Fa
         if declared is not None and not declared.isdigit():
             raise ProtocolError(f"bad content-length header {declared[:40]!r}")
         if declared is not None and int(declared) > max_body:
-            raise TooLargeError(f"request body of {declared} bytes exceeds the server's limit of {max_body} "
-                                f"(server.max_body_bytes)")
+            raise TooLargeError(
+                f"request body of {declared} bytes exceeds the server's limit of {max_body} (server.max_body_bytes)"
+            )
         body = bytearray()
         async for chunk in request.stream():  # the header may lie (or be absent): count what arrives
             body += chunk
             if len(body) > max_body:
-                raise TooLargeError(f"request body exceeds the server's limit of {max_body} bytes "
-                                    f"(server.max_body_bytes)")
+                raise TooLargeError(
+                    f"request body exceeds the server's limit of {max_body} bytes (server.max_body_bytes)"
+                )
         if not body:
             return {}
         kwargs = wire.decode(bytes(body))
@@ -89,8 +115,9 @@ def build_app(handle, cfg: ArcticRLClientConfig, on_shutdown=lambda: None) -> Fa
         try:
             check_auth(request)
             if op not in OPS:
-                return JSONResponse({"type": "ProtocolError", "message": f"unknown op {op!r}; known: {sorted(OPS)}"},
-                                    status_code=404)
+                return JSONResponse(
+                    {"type": "ProtocolError", "message": f"unknown op {op!r}; known: {sorted(OPS)}"}, status_code=404
+                )
             kwargs = await read_body(request)
             known = [p for p in OPS[op].parameters if p != "self"]
             unknown = sorted(set(kwargs) - set(known))
@@ -138,8 +165,7 @@ def _read_token(token_file: str | None) -> str | None:
     except OSError as e:
         raise ConfigError(f"--token-file {token_file!r}: cannot read it ({e.strerror})") from None
     if mode & 0o077:
-        raise ConfigError(f"--token-file {token_file!r} is readable by others (mode {oct(mode & 0o777)}); "
-                          f"chmod 600 it")
+        raise ConfigError(f"--token-file {token_file!r} is readable by others (mode {oct(mode & 0o777)}); chmod 600 it")
     if not token:
         raise ConfigError(f"--token-file {token_file!r} is empty")
     return token
@@ -151,11 +177,17 @@ def main(argv: list[str]) -> int:
     p.add_argument("--host", default=None)
     p.add_argument("--port", type=int, default=None)
     # No --token: a command line is readable by every user of the machine (ps, /proc/<pid>/cmdline).
-    p.add_argument("--allow-imports", action="store_true",
-                   help="let requests name losses and post-processors by dotted path: imports any module the server "
-                        "can import, i.e. whoever may call the server may run code on it (sets server.allow_imports)")
-    p.add_argument("--token-file", default=None,
-                   help=f"a file (mode 0600) holding the bearer token; default: the {TOKEN_ENV} environment variable")
+    p.add_argument(
+        "--allow-imports",
+        action="store_true",
+        help="let requests name losses and post-processors by dotted path: imports any module the server "
+        "can import, i.e. whoever may call the server may run code on it (sets server.allow_imports)",
+    )
+    p.add_argument(
+        "--token-file",
+        default=None,
+        help=f"a file (mode 0600) holding the bearer token; default: the {TOKEN_ENV} environment variable",
+    )
     a = p.parse_args(argv)
     try:
         token = _read_token(a.token_file)

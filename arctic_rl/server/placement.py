@@ -14,6 +14,7 @@ Ray executor puts its TP workers on the replica's bundles (VLLM_RAY_BUNDLE_INDIC
 CPU clusters: cpu_bundle_count STRICT_SPREAD groups of token bundles (one per node each), dealt at deploy time
 over the nodes Ray put them on (that part depends on Ray's answer, so it stays in the controller).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -28,6 +29,7 @@ CPU_BUNDLE = {"CPU": 0.01}  # a token: no real reservation on CPU clusters, all 
 @dataclass(frozen=True)
 class Slot:
     """One engine actor: the pool (placement group) and bundle it sits in, and its share of that GPU."""
+
     engine: str  # "training" | "log_prob" | "sampling"
     index: int  # rank (training, log_prob) or replica (sampling)
     pool: str
@@ -91,7 +93,10 @@ def gpu_layout(cfg: ArcticRLClientConfig) -> GpuLayout:
         # bundle 0 at trainer + reference + TP worker; the NOSET flag keeps the node's GPUs visible, so
         # this process still sees CUDA (Ray would blank CUDA_VISIBLE_DEVICES).
         bundles = tuple(range(first, first + tp))
-        env = (("VLLM_RAY_BUNDLE_INDICES", ",".join(map(str, bundles))), ("VLLM_RAY_PER_WORKER_GPUS", str(GPU_SHARE)),
-               ("RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES", "1"))
+        env = (
+            ("VLLM_RAY_BUNDLE_INDICES", ",".join(map(str, bundles))),
+            ("VLLM_RAY_PER_WORKER_GPUS", str(GPU_SHARE)),
+            ("RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES", "1"),
+        )
         samplers.append(Slot("sampling", i, sample_pool, first, 0.0, bundles, env))
     return GpuLayout(pools, trainers, refs, tuple(samplers))

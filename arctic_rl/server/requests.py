@@ -6,6 +6,7 @@ Limits come from the server config (`server.max_n`, `max_tokens`, `max_batch_row
 and post-processors from the server's registry (`arctic_rl.losses`); checkpoint paths must lie under
 `server.checkpoint_root`.
 """
+
 from __future__ import annotations
 
 import math
@@ -22,8 +23,14 @@ from arctic_rl.losses import resolve_loss_fn, resolve_post_processor
 ENGINES = ("training", "log_prob", "sampling")
 # vLLM's SamplingParams names we accept, by the type each must have.
 _INT_PARAMS = {"n": 1, "max_tokens": 1, "min_tokens": 0, "top_k": -1, "logprobs": 0, "seed": 0}
-_FLOAT_PARAMS = {"temperature": (0.0, None), "top_p": (0.0, 1.0), "min_p": (0.0, 1.0), "presence_penalty": (-2.0, 2.0),
-                 "frequency_penalty": (-2.0, 2.0), "repetition_penalty": (0.0, None)}
+_FLOAT_PARAMS = {
+    "temperature": (0.0, None),
+    "top_p": (0.0, 1.0),
+    "min_p": (0.0, 1.0),
+    "presence_penalty": (-2.0, 2.0),
+    "frequency_penalty": (-2.0, 2.0),
+    "repetition_penalty": (0.0, None),
+}
 _BOOL_PARAMS = ("ignore_eos", "include_stop_str_in_output", "skip_special_tokens")
 SAMPLING_KEYS = frozenset(_INT_PARAMS) | frozenset(_FLOAT_PARAMS) | frozenset(_BOOL_PARAMS) | {"stop", "stop_token_ids"}
 
@@ -37,8 +44,12 @@ def _is_number(x) -> bool:
 
 
 def _token_list(x, vocab: int | None) -> bool:
-    return (isinstance(x, list) and len(x) > 0 and all(_is_int(t) and t >= 0 for t in x)
-            and (vocab is None or max(x) < vocab))
+    return (
+        isinstance(x, list)
+        and len(x) > 0
+        and all(_is_int(t) and t >= 0 for t in x)
+        and (vocab is None or max(x) < vocab)
+    )
 
 
 def check_sampling_params(params: Any, cfg: ArcticRLClientConfig) -> dict:
@@ -50,8 +61,13 @@ def check_sampling_params(params: Any, cfg: ArcticRLClientConfig) -> dict:
     if unknown:
         raise ConfigError(f"unknown sampling_params key(s) {unknown}; known: {sorted(SAMPLING_KEYS)}")
     max_tokens = cfg.server.max_tokens or cfg.vllm_config.max_seq_len
-    limits = {"n": cfg.server.max_n, "max_tokens": max_tokens, "min_tokens": max_tokens, "logprobs": 20,
-              "seed": 2**63 - 1}
+    limits = {
+        "n": cfg.server.max_n,
+        "max_tokens": max_tokens,
+        "min_tokens": max_tokens,
+        "logprobs": 20,
+        "seed": 2**63 - 1,
+    }
     for key, lo in _INT_PARAMS.items():
         if key not in params:
             continue
@@ -63,13 +79,17 @@ def check_sampling_params(params: Any, cfg: ArcticRLClientConfig) -> dict:
         if key in params:
             v = params[key]
             if not _is_number(v) or v < lo or (hi is not None and v > hi) or (key == "top_p" and v == 0):
-                raise ConfigError(f"sampling_params[{key!r}] must be a finite number in "
-                                  f"[{lo}, {hi if hi is not None else 'inf'}], got {v!r}")
+                raise ConfigError(
+                    f"sampling_params[{key!r}] must be a finite number in "
+                    f"[{lo}, {hi if hi is not None else 'inf'}], got {v!r}"
+                )
     for key in _BOOL_PARAMS:
         if key in params and not isinstance(params[key], bool):
             raise ConfigError(f"sampling_params[{key!r}] must be true or false, got {params[key]!r}")
     stop = params.get("stop")
-    if stop is not None and not (isinstance(stop, str) or isinstance(stop, list) and all(isinstance(s, str) for s in stop)):
+    if stop is not None and not (
+        isinstance(stop, str) or isinstance(stop, list) and all(isinstance(s, str) for s in stop)
+    ):
         raise ConfigError(f"sampling_params['stop'] must be a string or a list of strings, got {stop!r:.80}")
     ids = params.get("stop_token_ids")
     if ids is not None and not (isinstance(ids, list) and all(_is_int(t) and t >= 0 for t in ids)):
@@ -79,24 +99,34 @@ def check_sampling_params(params: Any, cfg: ArcticRLClientConfig) -> dict:
 
 def check_prompts(prompts: Any, n: int, cfg: ArcticRLClientConfig, vocab: int | None = None) -> None:
     if not isinstance(prompts, list) or not prompts:
-        raise BatchFormatError(f"prompts must be a non-empty list of strings or token-id lists, got {type(prompts).__name__}")
+        raise BatchFormatError(
+            f"prompts must be a non-empty list of strings or token-id lists, got {type(prompts).__name__}"
+        )
     for i, p in enumerate(prompts):
         if not (isinstance(p, str) and p) and not _token_list(p, vocab):
-            raise BatchFormatError(f"prompts[{i}] must be a non-empty string or list of token ids"
-                                   f"{f' < {vocab}' if vocab else ''}, got {p!r:.80}")
+            raise BatchFormatError(
+                f"prompts[{i}] must be a non-empty string or list of token ids"
+                f"{f' < {vocab}' if vocab else ''}, got {p!r:.80}"
+            )
         if isinstance(p, list) and len(p) >= cfg.vllm_config.max_seq_len:
-            raise BatchFormatError(f"prompts[{i}] has {len(p)} tokens; the sampler takes fewer than "
-                                   f"vllm_config.max_seq_len={cfg.vllm_config.max_seq_len}")
+            raise BatchFormatError(
+                f"prompts[{i}] has {len(p)} tokens; the sampler takes fewer than "
+                f"vllm_config.max_seq_len={cfg.vllm_config.max_seq_len}"
+            )
     if len(prompts) * n > cfg.server.max_batch_rows:
-        raise BatchFormatError(f"{len(prompts)} prompts x n={n} = {len(prompts) * n} samples exceeds the server's "
-                               f"limit of {cfg.server.max_batch_rows} (server.max_batch_rows)")
+        raise BatchFormatError(
+            f"{len(prompts)} prompts x n={n} = {len(prompts) * n} samples exceeds the server's "
+            f"limit of {cfg.server.max_batch_rows} (server.max_batch_rows)"
+        )
 
 
 def check_batch(batch: Any, required, cfg: ArcticRLClientConfig, vocab: int | None = None) -> None:
     """validate_batch, plus dtypes, the row limit and token ids within the vocabulary."""
     B, _, _ = validate_batch(batch, required)
     if B > cfg.server.max_batch_rows:
-        raise BatchError(f"batch has {B} rows; the server's limit is {cfg.server.max_batch_rows} (server.max_batch_rows)")
+        raise BatchError(
+            f"batch has {B} rows; the server's limit is {cfg.server.max_batch_rows} (server.max_batch_rows)"
+        )
     for key in INT_KEYS:
         if key in batch and (batch[key].dtype.is_floating_point or batch[key].dtype.is_complex):
             raise BatchError(f"batch[{key!r}] must be an integer tensor, got {batch[key].dtype}")
@@ -105,11 +135,16 @@ def check_batch(batch: Any, required, cfg: ArcticRLClientConfig, vocab: int | No
             raise BatchError(f"batch[{key!r}] must be a float tensor, got {batch[key].dtype}")
     ids = batch["input_ids"]
     if ids.numel() and (int(ids.min()) < 0 or (vocab is not None and int(ids.max()) >= vocab)):
-        raise BatchError(f"batch['input_ids'] holds token ids outside [0, {vocab}): "
-                         f"min {int(ids.min())}, max {int(ids.max())}")
+        raise BatchError(
+            f"batch['input_ids'] holds token ids outside [0, {vocab}): min {int(ids.min())}, max {int(ids.max())}"
+        )
     uid = batch.get("uid")
-    if uid is not None and not (isinstance(uid, torch.Tensor) and not uid.dtype.is_floating_point
-                                or isinstance(uid, list) and all(isinstance(u, str) or _is_int(u) for u in uid)):
+    if uid is not None and not (
+        isinstance(uid, torch.Tensor)
+        and not uid.dtype.is_floating_point
+        or isinstance(uid, list)
+        and all(isinstance(u, str) or _is_int(u) for u in uid)
+    ):
         raise BatchError("batch['uid'] must be a list of strings or ints (or an integer tensor)")
 
 
@@ -136,8 +171,10 @@ def checkpoint_path(path: Any, cfg: ArcticRLClientConfig) -> Path:
     p = Path(path).expanduser()
     resolved = (p if p.is_absolute() else root / p).resolve()
     if not resolved.is_relative_to(root):
-        raise ConfigError(f"checkpoint path {path!r} resolves to {str(resolved)!r}, outside the server's "
-                          f"checkpoint_root {str(root)!r}")
+        raise ConfigError(
+            f"checkpoint path {path!r} resolves to {str(resolved)!r}, outside the server's "
+            f"checkpoint_root {str(root)!r}"
+        )
     return resolved
 
 
@@ -156,8 +193,10 @@ def check_request(op: str, args: dict, cfg: ArcticRLClientConfig, vocab: int | N
             raise BatchFormatError(f"{len(seqs)} sequences exceeds the server's limit of {cfg.server.max_batch_rows}")
         for i, (s, p) in enumerate(zip(seqs, lens)):
             if not _token_list(s, vocab) or len(s) > cfg.vllm_config.max_seq_len:
-                raise BatchFormatError(f"sequences[{i}] must be a list of 1..{cfg.vllm_config.max_seq_len} token ids"
-                                       f"{f' < {vocab}' if vocab else ''}, got {s!r:.80}")
+                raise BatchFormatError(
+                    f"sequences[{i}] must be a list of 1..{cfg.vllm_config.max_seq_len} token ids"
+                    f"{f' < {vocab}' if vocab else ''}, got {s!r:.80}"
+                )
             if not _is_int(p) or not 1 <= p <= len(s):
                 raise BatchFormatError(f"prompt_lens[{i}] must be an int in [1, {len(s)}], got {p!r}")
     elif op in ("log_probs", "forward_backward"):

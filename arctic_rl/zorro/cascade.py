@@ -16,10 +16,11 @@ vLLM's prefix caching makes them.
 
 Legend: Q requests, H query heads, K kv heads, D head dim, S keys, G requests in a group.
 """
+
 from __future__ import annotations
 
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
-from typing import Hashable, Sequence
 
 import torch
 
@@ -30,12 +31,13 @@ _flash_cpu = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
 
 @dataclass(frozen=True)
 class PrefixGroup:
-    rows: tuple[int, ...]   # request indices
-    prefix_len: int         # shared length (in the units of the sequences given to discovery)
+    rows: tuple[int, ...]  # request indices
+    prefix_len: int  # shared length (in the units of the sequences given to discovery)
 
 
 # ----------------------------------------------------------------------------------------------
 # Group discovery
+
 
 def _lcp(a: Sequence, b: Sequence) -> int:
     n = min(len(a), len(b))
@@ -45,8 +47,9 @@ def _lcp(a: Sequence, b: Sequence) -> int:
     return i
 
 
-def find_prefix_groups(seqs: Sequence[Sequence[Hashable]], *, min_group_size: int = 2, min_prefix_len: int = 1,
-                       align: int = 1) -> list[PrefixGroup]:
+def find_prefix_groups(
+    seqs: Sequence[Sequence[Hashable]], *, min_group_size: int = 2, min_prefix_len: int = 1, align: int = 1
+) -> list[PrefixGroup]:
     """Partition requests into groups that share a prefix, maximising the prefix KV reads saved,
     sum over groups of (size - 1) x shared length. (size x shared length would score one group of
     16 the same as eight pairs with the same prefix, since it is additive over such splits.)
@@ -77,7 +80,7 @@ def find_prefix_groups(seqs: Sequence[Sequence[Hashable]], *, min_group_size: in
         end = k
         while end < n - 1 and lcp[end] >= min_prefix_len:
             end += 1
-        groups += _best_partition(order[k:end + 1], lcp[k:end], min_group_size)   # run of end-k+1 items
+        groups += _best_partition(order[k : end + 1], lcp[k:end], min_group_size)  # run of end-k+1 items
         k = end
     return sorted(groups, key=lambda g: g.rows[0])
 
@@ -85,11 +88,11 @@ def find_prefix_groups(seqs: Sequence[Sequence[Hashable]], *, min_group_size: in
 def _best_partition(items: list[int], lcp: list[int], min_group_size: int) -> list[PrefixGroup]:
     m = len(items)
     best = [0] * (m + 1)
-    cut: list[tuple[int, int] | None] = [None] * (m + 1)   # (start, shared) of the last group
+    cut: list[tuple[int, int] | None] = [None] * (m + 1)  # (start, shared) of the last group
     for j in range(1, m + 1):
-        best[j], cut[j] = best[j - 1], None                   # item j-1 on its own
+        best[j], cut[j] = best[j - 1], None  # item j-1 on its own
         shared = None
-        for i in range(j - 2, -1, -1):                        # group = items[i:j]
+        for i in range(j - 2, -1, -1):  # group = items[i:j]
             shared = lcp[i] if shared is None else min(shared, lcp[i])
             size = j - i
             gain = (size - 1) * shared
@@ -110,22 +113,24 @@ def _best_partition(items: list[int], lcp: list[int], min_group_size: int) -> li
 # ----------------------------------------------------------------------------------------------
 # Paged KV gathering
 
+
 def gather_kv(cache: torch.Tensor, block_ids: torch.Tensor, start: int, end: int) -> torch.Tensor:
     """Keys (or values) start..end of one sequence: [end - start, K, D] (one copy, of whole blocks)."""
     bs = cache.shape[1]
     b0, b1 = start // bs, -(-end // bs)
     kv = cache.index_select(0, block_ids[b0:b1]).flatten(0, 1)
-    return kv[start - b0 * bs:end - b0 * bs]
+    return kv[start - b0 * bs : end - b0 * bs]
 
 
-def _gather_batched(cache: torch.Tensor, block_table: torch.Tensor, rows: torch.Tensor, start: int,
-                    end: int) -> torch.Tensor:
+def _gather_batched(
+    cache: torch.Tensor, block_table: torch.Tensor, rows: torch.Tensor, start: int, end: int
+) -> torch.Tensor:
     """Keys start..end of several sequences of equal span: [len(rows), end - start, K, D]."""
     bs = cache.shape[1]
     b0, b1 = start // bs, -(-end // bs)
-    blocks = block_table.index_select(0, rows)[:, b0:b1]                # [G, nb]
+    blocks = block_table.index_select(0, rows)[:, b0:b1]  # [G, nb]
     kv = cache.index_select(0, blocks.reshape(-1)).view(len(rows), -1, *cache.shape[2:])
-    return kv[:, start - b0 * bs:end - b0 * bs]
+    return kv[:, start - b0 * bs : end - b0 * bs]
 
 
 def _attend(q_GHD: torch.Tensor, k_GKSD: torch.Tensor, v_GKSD: torch.Tensor, scale: float):
@@ -137,6 +142,7 @@ def _attend(q_GHD: torch.Tensor, k_GKSD: torch.Tensor, v_GKSD: torch.Tensor, sca
         o, l = _flash_cpu(q_GHD.unsqueeze(2), k_GKSD, v_GKSD, 0.0, False, scale=scale)
         return o[:, :, 0], l[:, :, 0]
     from arctic_rl.zorro.merge import attention_with_lse
+
     o, l = attention_with_lse(q_GHD.unsqueeze(2), k_GKSD, v_GKSD, scale=scale)
     return o[:, :, 0], l[:, :, 0]
 
@@ -144,8 +150,15 @@ def _attend(q_GHD: torch.Tensor, k_GKSD: torch.Tensor, v_GKSD: torch.Tensor, sca
 def _kernel_fits(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
     """Our CPU kernel (group_attention.cpp) takes these: fp32 on CPU, d contiguous, D % 16 == 0."""
     from arctic_rl.zorro.group_attention import LANES, load
-    return (q.device.type == "cpu" and q.dtype == k.dtype == v.dtype == torch.float32 and k.stride(-1) == 1
-            and v.stride(-1) == 1 and q.shape[-1] % LANES == 0 and load() is not None)
+
+    return (
+        q.device.type == "cpu"
+        and q.dtype == k.dtype == v.dtype == torch.float32
+        and k.stride(-1) == 1
+        and v.stride(-1) == 1
+        and q.shape[-1] % LANES == 0
+        and load() is not None
+    )
 
 
 def _prefix_pass(q_GHD: torch.Tensor, k_KSD: torch.Tensor, v_KSD: torch.Tensor, scale: float):
@@ -161,13 +174,16 @@ def _prefix_pass(q_GHD: torch.Tensor, k_KSD: torch.Tensor, v_KSD: torch.Tensor, 
         # our CPU kernel (group_attention.cpp): rows in vector lanes, the next key tiles prefetched,
         # and one key tile serves up to 4 chunks of 16 rows (torch's flash kernel re-reads it per 16)
         from arctic_rl.zorro.group_attention import paged_group_attention
+
         zero, end = torch.zeros(1, dtype=torch.int64), torch.full((1,), S, dtype=torch.int64)
-        o, l = paged_group_attention(q, k_KSD.unsqueeze(0), v_KSD.unsqueeze(0), None, zero, end, scale,
-                                     key_t_in_block=False)
+        o, l = paged_group_attention(
+            q, k_KSD.unsqueeze(0), v_KSD.unsqueeze(0), None, zero, end, scale, key_t_in_block=False
+        )
     elif q_GHD.device.type == "cpu":
         o, l = _flash_cpu(q, k_KSD.unsqueeze(0), v_KSD.unsqueeze(0), 0.0, False, scale=scale)
     else:
         from arctic_rl.zorro.merge import attention_with_lse
+
         o, l = attention_with_lse(q, k_KSD.unsqueeze(0), v_KSD.unsqueeze(0), scale=scale)
     o = o[0].view(K, G, rep, D).permute(1, 0, 2, 3).reshape(G, H, D)
     l = l[0].view(K, G, rep).permute(1, 0, 2).reshape(G, H)
@@ -177,9 +193,16 @@ def _prefix_pass(q_GHD: torch.Tensor, k_KSD: torch.Tensor, v_KSD: torch.Tensor, 
 # ----------------------------------------------------------------------------------------------
 # The ops
 
-def shared_prefix_attention(q_GHD: torch.Tensor, k_prefix_KSD: torch.Tensor, v_prefix_KSD: torch.Tensor,
-                            k_suffix_GKSD: torch.Tensor, v_suffix_GKSD: torch.Tensor, *,
-                            scale: float | None = None) -> torch.Tensor:
+
+def shared_prefix_attention(
+    q_GHD: torch.Tensor,
+    k_prefix_KSD: torch.Tensor,
+    v_prefix_KSD: torch.Tensor,
+    k_suffix_GKSD: torch.Tensor,
+    v_suffix_GKSD: torch.Tensor,
+    *,
+    scale: float | None = None,
+) -> torch.Tensor:
     """Cascade attention on contiguous KV: G decode queries over one shared prefix [K, S_p, D]
     plus each one's own suffix [G, K, S_s, D] (S_s may be 0). Returns [G, H, D].
 
@@ -195,22 +218,38 @@ def shared_prefix_attention(q_GHD: torch.Tensor, k_prefix_KSD: torch.Tensor, v_p
         # the suffix pass continues each row's online softmax from its prefix result: the merge
         # happens in the kernel (measured: suffix + merge 1.5 -> 0.8 ms at the benchmark's main point)
         from arctic_rl.zorro.group_attention import paged_group_attention
+
         rep = H // K
         ends = torch.full((G,), S, dtype=torch.int64)
-        o, _ = paged_group_attention(q_GHD.view(G, K, rep, D), k_suffix_GKSD, v_suffix_GKSD, None,
-                                     torch.zeros(G, dtype=torch.int64), ends, scale, key_t_in_block=False,
-                                     init=(o_p.view(G, K, rep, D), l_p.view(G, K, rep)))
+        o, _ = paged_group_attention(
+            q_GHD.view(G, K, rep, D),
+            k_suffix_GKSD,
+            v_suffix_GKSD,
+            None,
+            torch.zeros(G, dtype=torch.int64),
+            ends,
+            scale,
+            key_t_in_block=False,
+            init=(o_p.view(G, K, rep, D), l_p.view(G, K, rep)),
+        )
         return o.view(G, H, D)
     o_s, l_s = _attend(q_GHD, k_suffix_GKSD, v_suffix_GKSD, scale)
     return merge_attention_states(o_p, l_p, o_s, l_s)[0]
 
 
-def paged_decode_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
-                           block_table: torch.Tensor, seq_lens: torch.Tensor | Sequence[int], *,
-                           scale: float | None = None, return_lse: bool = False):
+def paged_decode_attention(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    seq_lens: torch.Tensor | Sequence[int],
+    *,
+    scale: float | None = None,
+    return_lse: bool = False,
+):
     """Standard decode attention: each request's query over all of its own KV. [Q, H, D]."""
     Q, H, D = query.shape
-    scale = D ** -0.5 if scale is None else scale
+    scale = D**-0.5 if scale is None else scale
     lens = [int(x) for x in seq_lens]
     out = query.new_empty(Q, H, D)
     lse = torch.empty(Q, H, dtype=torch.float32, device=query.device)
@@ -227,16 +266,23 @@ def paged_decode_attention(query: torch.Tensor, key_cache: torch.Tensor, value_c
     return (out, lse) if return_lse else out
 
 
-def cascade_decode_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
-                             block_table: torch.Tensor, seq_lens: torch.Tensor | Sequence[int],
-                             groups: Sequence[PrefixGroup], *, scale: float | None = None):
+def cascade_decode_attention(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    seq_lens: torch.Tensor | Sequence[int],
+    groups: Sequence[PrefixGroup],
+    *,
+    scale: float | None = None,
+):
     """Decode attention with each group's shared prefix read once. Equals paged_decode_attention.
 
     groups: PrefixGroup(rows, prefix_len) with prefix_len in tokens, a multiple of the block size,
     <= every member's seq_len, and the prefix blocks identical in the members' block tables.
     Requests in no group take the standard path."""
     Q, H, D = query.shape
-    scale = D ** -0.5 if scale is None else scale
+    scale = D**-0.5 if scale is None else scale
     bs = key_cache.shape[1]
     lens = [int(x) for x in seq_lens]
     out = query.new_empty(Q, H, D)
@@ -244,14 +290,20 @@ def cascade_decode_attention(query: torch.Tensor, key_cache: torch.Tensor, value
     for g in groups:
         rows, P = list(g.rows), g.prefix_len
         if P % bs or any(lens[r] < P for r in rows) or grouped.intersection(rows):
-            raise ValueError(f"bad cascade group {g}: prefix_len must be a multiple of the block size {bs}, "
-                             f"<= every member's seq_len, and groups must not overlap")
+            raise ValueError(
+                f"bad cascade group {g}: prefix_len must be a multiple of the block size {bs}, "
+                f"<= every member's seq_len, and groups must not overlap"
+            )
         grouped.update(rows)
         idx = torch.tensor(rows, device=query.device)
         q = query.index_select(0, idx)
-        prefix_blocks = block_table[rows[0], :P // bs]
-        o_p, l_p = _prefix_pass(q, key_cache.index_select(0, prefix_blocks).flatten(0, 1).transpose(0, 1),
-                                value_cache.index_select(0, prefix_blocks).flatten(0, 1).transpose(0, 1), scale)
+        prefix_blocks = block_table[rows[0], : P // bs]
+        o_p, l_p = _prefix_pass(
+            q,
+            key_cache.index_select(0, prefix_blocks).flatten(0, 1).transpose(0, 1),
+            value_cache.index_select(0, prefix_blocks).flatten(0, 1).transpose(0, 1),
+            scale,
+        )
         # suffix pass, batched over members of equal length; requests with no suffix keep the prefix result
         by_len: dict[int, list[int]] = {}
         for j, r in enumerate(rows):
@@ -271,20 +323,40 @@ def cascade_decode_attention(query: torch.Tensor, key_cache: torch.Tensor, value
     rest = [i for i in range(Q) if i not in grouped]
     if rest:
         idx = torch.tensor(rest, device=query.device)
-        out[idx] = paged_decode_attention(query.index_select(0, idx), key_cache, value_cache,
-                                          block_table.index_select(0, idx), [lens[i] for i in rest], scale=scale)
+        out[idx] = paged_decode_attention(
+            query.index_select(0, idx),
+            key_cache,
+            value_cache,
+            block_table.index_select(0, idx),
+            [lens[i] for i in rest],
+            scale=scale,
+        )
     return out
 
 
-def groups_from_block_table(block_table: torch.Tensor, seq_lens: Sequence[int], block_size: int, *,
-                            min_group_size: int = 2, min_prefix_len: int = 256) -> list[PrefixGroup]:
+def groups_from_block_table(
+    block_table: torch.Tensor,
+    seq_lens: Sequence[int],
+    block_size: int,
+    *,
+    min_group_size: int = 2,
+    min_prefix_len: int = 256,
+) -> list[PrefixGroup]:
     """Cascade groups for a paged batch: requests whose *full* blocks coincide share those blocks'
     KV. min_prefix_len is in tokens. Returns groups with prefix_len in tokens."""
-    seqs = [block_table[i, :int(n) // block_size].tolist() for i, n in enumerate(seq_lens)]
+    seqs = [block_table[i, : int(n) // block_size].tolist() for i, n in enumerate(seq_lens)]
     min_blocks = max(1, -(-min_prefix_len // block_size))
-    return [PrefixGroup(g.rows, g.prefix_len * block_size)
-            for g in find_prefix_groups(seqs, min_group_size=min_group_size, min_prefix_len=min_blocks)]
+    return [
+        PrefixGroup(g.rows, g.prefix_len * block_size)
+        for g in find_prefix_groups(seqs, min_group_size=min_group_size, min_prefix_len=min_blocks)
+    ]
 
 
-__all__ = ["PrefixGroup", "find_prefix_groups", "groups_from_block_table", "paged_decode_attention",
-           "cascade_decode_attention", "gather_kv"]
+__all__ = [
+    "PrefixGroup",
+    "find_prefix_groups",
+    "groups_from_block_table",
+    "paged_decode_attention",
+    "cascade_decode_attention",
+    "gather_kv",
+]

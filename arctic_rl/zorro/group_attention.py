@@ -6,6 +6,7 @@ keyed by this CPU's flags as well as the source) into ~/.cache/arctic-rl/kernels
 temporary name and renamed, so concurrent first uses never load a half-written file. Without a
 compiler, or with ARCTIC_RL_CPU_KERNEL=0, `load()` is None and callers take their torch path.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -31,11 +32,35 @@ LANES = 16  # W in group_attention.cpp: rows per register, keys per tile
 
 
 class _Job(ctypes.Structure):
-    _fields_ = ([(n, ctypes.c_void_p)
-                 for n in ("q", "k", "v", "out", "lse", "init_out", "init_lse", "blocks", "starts", "ends")]
-                + [(n, ctypes.c_int64) for n in ("B", "H", "R", "D", "bs", "bt_sb", "q_sb", "q_sh", "q_sr", "k_sblk",
-                                                 "k_sh", "k_st", "k_sd", "v_sblk", "v_sh", "v_st", "v_sd")]
-                + [("scale", ctypes.c_float)])
+    _fields_ = (
+        [
+            (n, ctypes.c_void_p)
+            for n in ("q", "k", "v", "out", "lse", "init_out", "init_lse", "blocks", "starts", "ends")
+        ]
+        + [
+            (n, ctypes.c_int64)
+            for n in (
+                "B",
+                "H",
+                "R",
+                "D",
+                "bs",
+                "bt_sb",
+                "q_sb",
+                "q_sh",
+                "q_sr",
+                "k_sblk",
+                "k_sh",
+                "k_st",
+                "k_sd",
+                "v_sblk",
+                "v_sh",
+                "v_st",
+                "v_sd",
+            )
+        ]
+        + [("scale", ctypes.c_float)]
+    )
 
 
 def _cpu_identity() -> str:
@@ -80,10 +105,18 @@ def load() -> ctypes.CDLL | None:
     return dll
 
 
-def paged_group_attention(q: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
-                          block_table: torch.Tensor | None, starts: torch.Tensor, ends: torch.Tensor, scale: float, *,
-                          key_t_in_block: bool, init: tuple[torch.Tensor, torch.Tensor] | None = None
-                          ) -> tuple[torch.Tensor, torch.Tensor]:
+def paged_group_attention(
+    q: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    block_table: torch.Tensor | None,
+    starts: torch.Tensor,
+    ends: torch.Tensor,
+    scale: float,
+    *,
+    key_t_in_block: bool,
+    init: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Row b of q [B, H, R, D] (head h reads KV head h) attends, without a mask, to its keys
     starts[b] <= t < ends[b] -> (out [B, H, R, D], lse [B, H, R]); a row with no keys gets out 0,
     lse -inf. Call only where load() is not None.
@@ -99,17 +132,27 @@ def paged_group_attention(q: torch.Tensor, key_cache: torch.Tensor, value_cache:
     dll = load()
     B, H, R, D = q.shape
     nb, Hk, bs, Dk = key_cache.shape
-    if Hk != H or Dk != D or value_cache.shape[1:] != key_cache.shape[1:] or q.dtype != torch.float32 \
-            or key_cache.dtype != torch.float32 or value_cache.dtype != torch.float32:
-        raise ValueError(f"paged_group_attention: q {list(q.shape)} needs fp32 caches [blocks, {H}, bs, {D}]; got "
-                         f"key_cache {list(key_cache.shape)} {key_cache.dtype}, value_cache {list(value_cache.shape)}")
+    if (
+        Hk != H
+        or Dk != D
+        or value_cache.shape[1:] != key_cache.shape[1:]
+        or q.dtype != torch.float32
+        or key_cache.dtype != torch.float32
+        or value_cache.dtype != torch.float32
+    ):
+        raise ValueError(
+            f"paged_group_attention: q {list(q.shape)} needs fp32 caches [blocks, {H}, bs, {D}]; got "
+            f"key_cache {list(key_cache.shape)} {key_cache.dtype}, value_cache {list(value_cache.shape)}"
+        )
     if q.stride(-1) != 1 or value_cache.stride(-1) != 1 or key_cache.stride(-1) != 1:
         raise ValueError("paged_group_attention: the last dimension of q and the caches must be contiguous")
     if init is not None:
         o0, l0 = init
         if o0.shape != q.shape or l0.shape != q.shape[:3] or o0.dtype != torch.float32 or l0.dtype != torch.float32:
-            raise ValueError(f"paged_group_attention: init needs fp32 out {list(q.shape)} and lse {list(q.shape[:3])}; "
-                             f"got {list(o0.shape)} {o0.dtype} and {list(l0.shape)} {l0.dtype}")
+            raise ValueError(
+                f"paged_group_attention: init needs fp32 out {list(q.shape)} and lse {list(q.shape[:3])}; "
+                f"got {list(o0.shape)} {o0.dtype} and {list(l0.shape)} {l0.dtype}"
+            )
         init = (o0.contiguous(), l0.contiguous())
     out = torch.empty(B, H, R, D)
     lse = torch.empty(B, H, R)
@@ -118,19 +161,46 @@ def paged_group_attention(q: torch.Tensor, key_cache: torch.Tensor, value_cache:
     if block_table is not None:
         block_table = block_table.to(torch.int32).contiguous()
     k_st, k_sd = (1, bs) if key_t_in_block else (key_cache.stride(2), 1)
-    job = _Job(q.data_ptr(), key_cache.data_ptr(), value_cache.data_ptr(), out.data_ptr(), lse.data_ptr(),
-               init[0].data_ptr() if init is not None else None, init[1].data_ptr() if init is not None else None,
-               block_table.data_ptr() if block_table is not None else None, starts.data_ptr(), ends.data_ptr(),
-               B, H, R, D, bs if block_table is not None else 0,
-               block_table.stride(0) if block_table is not None else 0, q.stride(0), q.stride(1), q.stride(2),
-               key_cache.stride(0), key_cache.stride(1), k_st, k_sd,
-               value_cache.stride(0), value_cache.stride(1), value_cache.stride(2), 1, float(scale))
+    job = _Job(
+        q.data_ptr(),
+        key_cache.data_ptr(),
+        value_cache.data_ptr(),
+        out.data_ptr(),
+        lse.data_ptr(),
+        init[0].data_ptr() if init is not None else None,
+        init[1].data_ptr() if init is not None else None,
+        block_table.data_ptr() if block_table is not None else None,
+        starts.data_ptr(),
+        ends.data_ptr(),
+        B,
+        H,
+        R,
+        D,
+        bs if block_table is not None else 0,
+        block_table.stride(0) if block_table is not None else 0,
+        q.stride(0),
+        q.stride(1),
+        q.stride(2),
+        key_cache.stride(0),
+        key_cache.stride(1),
+        k_st,
+        k_sd,
+        value_cache.stride(0),
+        value_cache.stride(1),
+        value_cache.stride(2),
+        1,
+        float(scale),
+    )
     rc = dll.zorro_group_attention(ctypes.byref(job), torch.get_num_threads())
     if rc != 0:
-        why = {1: "empty shapes or missing ranges", 2: f"block size {bs} is not a multiple of {LANES}",
-               3: "a key range is negative, reversed or not block-aligned"}.get(rc, f"code {rc}")
-        raise ValueError(f"paged_group_attention: {why} (q {list(q.shape)}, starts {starts.tolist()[:8]}, "
-                         f"ends {ends.tolist()[:8]})")
+        why = {
+            1: "empty shapes or missing ranges",
+            2: f"block size {bs} is not a multiple of {LANES}",
+            3: "a key range is negative, reversed or not block-aligned",
+        }.get(rc, f"code {rc}")
+        raise ValueError(
+            f"paged_group_attention: {why} (q {list(q.shape)}, starts {starts.tolist()[:8]}, ends {ends.tolist()[:8]})"
+        )
     return out, lse
 
 

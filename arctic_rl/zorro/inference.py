@@ -10,6 +10,7 @@ entry point (vLLM's `vllm.general_plugins` group, loaded by every vLLM process),
 (attention runs eager; a cascade step is data-dependent). Off by default. On CPU it measured slower than
 vLLM's own kernel (docs/zorro.md); on CUDA it has not run yet (no GPU in this workplace).
 """
+
 from __future__ import annotations
 
 import json
@@ -45,12 +46,16 @@ def vllm_engine_kwargs(zorro_inference: Any, device_type: str | None = None) -> 
         return {}
     if device_type is None:
         import torch
+
         device_type = "cuda" if torch.cuda.is_available() else "cpu"
     if device_type not in ("cpu", "cuda"):
         raise ValueError(f"zorro_inference.enable=True: no ZoRRo Inference backend for device {device_type!r}")
-    knobs = {"device": device_type, "min_group_size": int(cfg.get("min_group_size", 2)),
-             "min_prefix_len": int(cfg.get("min_prefix_len", 256))}
-    os.environ[ENV] = json.dumps(knobs)   # for vLLM worker processes: vllm_plugin reads it
+    knobs = {
+        "device": device_type,
+        "min_group_size": int(cfg.get("min_group_size", 2)),
+        "min_prefix_len": int(cfg.get("min_prefix_len", 256)),
+    }
+    os.environ[ENV] = json.dumps(knobs)  # for vLLM worker processes: vllm_plugin reads it
     _install(device_type, knobs["min_group_size"], knobs["min_prefix_len"])
     if device_type == "cpu":
         return {}

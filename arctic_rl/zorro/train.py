@@ -34,11 +34,12 @@ Attention backends (`attention=`):
 Legend: B rows, P prompt columns, R response columns, N packed tokens, M predicted response
 tokens, H query heads, K kv heads, D head dim, G responses in a group.
 """
+
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -54,9 +55,11 @@ ATTENTION_BACKENDS = ("auto", "split", "concat", "flash_varlen", "torch_varlen")
 # ----------------------------------------------------------------------------------------------
 # The plan: which rows share a prompt, and where every token goes in the packed row.
 
+
 @dataclass
 class Run:
     """`count` consecutive responses of equal length `length`, starting at packed offset `start`."""
+
     start: int
     count: int
     length: int
@@ -64,11 +67,11 @@ class Run:
 
 @dataclass
 class Group:
-    rows: list[int]            # batch rows, in packed order (sorted by response length)
-    start: int                 # packed offset of the prompt
+    rows: list[int]  # batch rows, in packed order (sorted by response length)
+    start: int  # packed offset of the prompt
     prompt_len: int
-    resp_lens: list[int]       # per row of `rows`
-    runs: list[Run] = field(default_factory=list)   # the non-empty responses, by equal length
+    resp_lens: list[int]  # per row of `rows`
+    runs: list[Run] = field(default_factory=list)  # the non-empty responses, by equal length
 
     @property
     def resp_start(self) -> int:
@@ -82,15 +85,15 @@ class Group:
 @dataclass
 class ZorroPlan:
     groups: list[Group]
-    input_ids: torch.Tensor     # [1, N]
+    input_ids: torch.Tensor  # [1, N]
     position_ids: torch.Tensor  # [1, N]
-    pred_index: torch.Tensor    # [M] packed position whose hidden state predicts labels[m]
-    labels: torch.Tensor        # [M]
-    out_index: torch.Tensor     # [M] row * R + column in the [B, R] outputs
+    pred_index: torch.Tensor  # [M] packed position whose hidden state predicts labels[m]
+    labels: torch.Tensor  # [M]
+    out_index: torch.Tensor  # [M] row * R + column in the [B, R] outputs
     num_rows: int
     resp_cols: int
     backend: str = "split"
-    max_seq_len: int = 0        # longest prompt + response (sliding-window check)
+    max_seq_len: int = 0  # longest prompt + response (sliding-window check)
     _cache: dict = field(default_factory=dict)  # per-backend index tensors, built on first use
 
     @property
@@ -103,10 +106,14 @@ def _check_padding(mask_BT: torch.Tensor, P: int) -> None:
     if (prompt[:, 1:] < prompt[:, :-1]).any():
         raise BatchError("ZoRRo needs prompts left-padded: batch['attention_mask'][:, :P] must be 0...0 1...1 per row")
     if resp.shape[1] > 1 and (resp[:, 1:] > resp[:, :-1]).any():
-        raise BatchError("ZoRRo needs responses right-padded: batch['attention_mask'][:, P:] must be 1...1 0...0 per row")
+        raise BatchError(
+            "ZoRRo needs responses right-padded: batch['attention_mask'][:, P:] must be 1...1 0...0 per row"
+        )
     if (prompt.sum(1) == 0).any():
         row = int((prompt.sum(1) == 0).nonzero()[0])
-        raise BatchError(f"batch['attention_mask'] row {row} has an empty prompt; ZoRRo needs at least one prompt token")
+        raise BatchError(
+            f"batch['attention_mask'] row {row} has an empty prompt; ZoRRo needs at least one prompt token"
+        )
 
 
 def prompt_groups(batch: Batch) -> list[list[int]]:
@@ -122,7 +129,7 @@ def prompt_groups(batch: Batch) -> list[list[int]]:
         sub: dict[bytes, list[int]] = {}
         for i in rows:
             p = plen[i]
-            key = ids[i, P - p:P].numpy().tobytes() + b"|" + pos[i, P - p:P].numpy().tobytes()
+            key = ids[i, P - p : P].numpy().tobytes() + b"|" + pos[i, P - p : P].numpy().tobytes()
             sub.setdefault(key, []).append(i)
         out.extend(sub.values())
     return out
@@ -140,11 +147,11 @@ def build_plan(batch: Batch, *, device: torch.device | str | None = None, backen
     groups: list[Group] = []
     offset, max_len = 0, 0
     for rows in prompt_groups(batch):
-        rows = sorted(rows, key=lambda i: rlen[i])   # stable: equal lengths stay in row order
+        rows = sorted(rows, key=lambda i: rlen[i])  # stable: equal lengths stay in row order
         p = plen[rows[0]]
         g = Group(rows=rows, start=offset, prompt_len=p, resp_lens=[rlen[i] for i in rows])
-        ids_parts.append(ids[rows[0], P - p:P])
-        pos_parts.append(pos[rows[0], P - p:P])
+        ids_parts.append(ids[rows[0], P - p : P])
+        pos_parts.append(pos[rows[0], P - p : P])
         last_prompt = offset + p - 1
         cur = offset + p
         for i in rows:
@@ -152,11 +159,11 @@ def build_plan(batch: Batch, *, device: torch.device | str | None = None, backen
             max_len = max(max_len, p + r)
             if r == 0:
                 continue
-            ids_parts.append(ids[i, P:P + r])
-            pos_parts.append(pos[i, P:P + r])
+            ids_parts.append(ids[i, P : P + r])
+            pos_parts.append(pos[i, P : P + r])
             # response token j is predicted by the hidden state of token j-1 (the prompt's last for j=0)
             pred_parts.append(torch.cat([torch.tensor([last_prompt]), torch.arange(cur, cur + r - 1)]))
-            label_parts.append(ids[i, P:P + r])
+            label_parts.append(ids[i, P : P + r])
             out_parts.append(torch.arange(i * R, i * R + r))
             if g.runs and g.runs[-1].length == r:
                 g.runs[-1].count += 1
@@ -170,10 +177,18 @@ def build_plan(batch: Batch, *, device: torch.device | str | None = None, backen
         t = torch.cat(parts) if parts else torch.zeros(0, dtype=dtype)
         return t.to(device) if device is not None else t
 
-    return ZorroPlan(groups=groups, input_ids=cat(ids_parts, ids.dtype).view(1, -1),
-                     position_ids=cat(pos_parts).view(1, -1), pred_index=cat(pred_parts),
-                     labels=cat(label_parts, ids.dtype), out_index=cat(out_parts), num_rows=B, resp_cols=R,
-                     backend=backend, max_seq_len=max_len)
+    return ZorroPlan(
+        groups=groups,
+        input_ids=cat(ids_parts, ids.dtype).view(1, -1),
+        position_ids=cat(pos_parts).view(1, -1),
+        pred_index=cat(pred_parts),
+        labels=cat(label_parts, ids.dtype),
+        out_index=cat(out_parts),
+        num_rows=B,
+        resp_cols=R,
+        backend=backend,
+        max_seq_len=max_len,
+    )
 
 
 # ----------------------------------------------------------------------------------------------
@@ -186,7 +201,7 @@ _flash_cpu_bwd = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_back
 def _run_view(x: torch.Tensor, run: Run, base: int = 0) -> torch.Tensor:
     """[1, H, N, *] (or [1, H, N]) -> [count, H, length, *] view of a run's tokens, no copy."""
     s = run.start - base
-    y = x[0, :, s:s + run.count * run.length].unflatten(1, (run.count, run.length))
+    y = x[0, :, s : s + run.count * run.length].unflatten(1, (run.count, run.length))
     return y.transpose(0, 1)
 
 
@@ -234,8 +249,9 @@ class _SplitAttention(torch.autograd.Function):
             ps, pe = g.start, g.start + g.prompt_len
             re = pe + g.num_resp_tokens
             kp, vp = k[:, :, ps:pe], v[:, :, ps:pe]
-            a, b, c = _flash_cpu_bwd(do_h[:, :, ps:pe], q[:, :, ps:pe], kp, vp, out_h[:, :, ps:pe],
-                                     lse[:, :, ps:pe], 0.0, True, scale=scale)
+            a, b, c = _flash_cpu_bwd(
+                do_h[:, :, ps:pe], q[:, :, ps:pe], kp, vp, out_h[:, :, ps:pe], lse[:, :, ps:pe], 0.0, True, scale=scale
+            )
             dq[:, :, ps:pe] = a
             dk[:, :, ps:pe] = b
             dv[:, :, ps:pe] = c
@@ -244,15 +260,24 @@ class _SplitAttention(torch.autograd.Function):
             # Each part's backward with the merged (out, lse): P = exp(s - lse_full) is the full
             # softmax restricted to that part and rowsum(dO * O_full) is the full D term, so the
             # parts' gradients add up to the gradient of one attention over all keys.
-            a, b, c = _flash_cpu_bwd(do_h[:, :, pe:re], q[:, :, pe:re], kp, vp, out_h[:, :, pe:re],
-                                     lse[:, :, pe:re], 0.0, False, scale=scale)
+            a, b, c = _flash_cpu_bwd(
+                do_h[:, :, pe:re], q[:, :, pe:re], kp, vp, out_h[:, :, pe:re], lse[:, :, pe:re], 0.0, False, scale=scale
+            )
             dq[:, :, pe:re] = a
             dk[:, :, ps:pe] += b
             dv[:, :, ps:pe] += c
             for run in g.runs:
-                a, b, c = _flash_cpu_bwd(_run_view(do_h, run), _run_view(q, run), _run_view(k, run),
-                                         _run_view(v, run), _run_view(out_h, run), _run_view(lse, run),
-                                         0.0, True, scale=scale)
+                a, b, c = _flash_cpu_bwd(
+                    _run_view(do_h, run),
+                    _run_view(q, run),
+                    _run_view(k, run),
+                    _run_view(v, run),
+                    _run_view(out_h, run),
+                    _run_view(lse, run),
+                    0.0,
+                    True,
+                    scale=scale,
+                )
                 _run_view(dq, run).add_(a)
                 _run_view(dk, run).copy_(b)
                 _run_view(dv, run).copy_(c)
@@ -265,6 +290,7 @@ def _split_attention(q, k, v, plan: ZorroPlan, scale: float) -> torch.Tensor:
 
 # ----------------------------------------------------------------------------------------------
 # "concat": [prompt keys; own keys] per response in one SDPA call per group (any device).
+
 
 def _concat_indices(plan: ZorroPlan, device) -> list[tuple]:
     key = ("concat", str(device))
@@ -280,16 +306,24 @@ def _concat_indices(plan: ZorroPlan, device) -> list[tuple]:
         G, p, rmax = len(lens), g.prompt_len, max(lens)
         starts = torch.tensor([0] + lens[:-1]).cumsum(0) + g.resp_start
         j = torch.arange(rmax)
-        valid = j.view(1, -1) < torch.tensor(lens).view(-1, 1)                      # [G, rmax]
+        valid = j.view(1, -1) < torch.tensor(lens).view(-1, 1)  # [G, rmax]
         own = torch.where(valid, starts.view(-1, 1) + j.view(1, -1), torch.full_like(valid, g.start, dtype=torch.long))
-        q_index = own.reshape(-1)                                                   # [G*rmax]
+        q_index = own.reshape(-1)  # [G*rmax]
         prompt = torch.arange(g.start, g.start + p).expand(G, p)
-        kv_index = torch.cat([prompt, own], 1).reshape(-1)                          # [G*(p+rmax)]
+        kv_index = torch.cat([prompt, own], 1).reshape(-1)  # [G*(p+rmax)]
         allowed = torch.ones(G, rmax, p + rmax, dtype=torch.bool)
         allowed[:, :, p:] = torch.ones(rmax, rmax, dtype=torch.bool).tril() & valid.unsqueeze(1)
         bias = torch.zeros(G, 1, rmax, p + rmax, dtype=dtype).masked_fill(~allowed.unsqueeze(1), float("-inf"))
-        per_group.append((G, rmax, q_index.to(device), kv_index.to(device), bias.to(device),
-                          valid.reshape(-1).nonzero().squeeze(1).to(device)))
+        per_group.append(
+            (
+                G,
+                rmax,
+                q_index.to(device),
+                kv_index.to(device),
+                bias.to(device),
+                valid.reshape(-1).nonzero().squeeze(1).to(device),
+            )
+        )
     plan._cache[key] = per_group
     return per_group
 
@@ -300,23 +334,26 @@ def _concat_attention(q, k, v, plan: ZorroPlan, scale: float) -> torch.Tensor:
     pieces = []
     for g, idx in zip(plan.groups, _concat_indices(plan, q.device)):
         ps, pe = g.start, g.start + g.prompt_len
-        o = F.scaled_dot_product_attention(q[:, :, ps:pe], k[:, :, ps:pe], v[:, :, ps:pe], is_causal=True,
-                                           scale=scale, enable_gqa=H != Hk)
-        pieces.append(o[0].transpose(0, 1))                                          # [p, H, D]
+        o = F.scaled_dot_product_attention(
+            q[:, :, ps:pe], k[:, :, ps:pe], v[:, :, ps:pe], is_causal=True, scale=scale, enable_gqa=H != Hk
+        )
+        pieces.append(o[0].transpose(0, 1))  # [p, H, D]
         if idx is None:
             continue
         G, rmax, q_index, kv_index, bias, keep = idx
         qg = q[0].index_select(1, q_index).view(H, G, rmax, D).transpose(0, 1)
         kg = k[0].index_select(1, kv_index).view(Hk, G, -1, D).transpose(0, 1)
         vg = v[0].index_select(1, kv_index).view(Hk, G, -1, D).transpose(0, 1)
-        o = F.scaled_dot_product_attention(qg, kg, vg, attn_mask=bias.to(q.dtype), scale=scale,
-                                           enable_gqa=H != Hk)                       # [G, H, rmax, D]
+        o = F.scaled_dot_product_attention(
+            qg, kg, vg, attn_mask=bias.to(q.dtype), scale=scale, enable_gqa=H != Hk
+        )  # [G, H, rmax, D]
         pieces.append(o.transpose(1, 2).reshape(G * rmax, H, D).index_select(0, keep))
     return torch.cat(pieces).unsqueeze(0)
 
 
 # ----------------------------------------------------------------------------------------------
 # "flash_varlen": the concat form through flash-attn's varlen kernel (CUDA).
+
 
 def _varlen_indices(plan: ZorroPlan, device) -> dict:
     key = ("varlen", str(device))
@@ -342,39 +379,67 @@ def _varlen_indices(plan: ZorroPlan, device) -> dict:
         return torch.tensor([0] + lens).cumsum(0).to(torch.int32).to(device)
 
     cat = lambda xs: (torch.cat(xs) if xs else torch.zeros(0, dtype=torch.long)).to(device)  # noqa: E731
-    out = {"p_idx": cat(p_idx), "p_cu": cu(p_lens), "p_max": max(p_lens),
-           "rq_idx": cat(rq_idx), "rq_cu": cu(rq_lens), "rq_max": max(rq_lens, default=0),
-           "rk_idx": cat(rk_idx), "rk_cu": cu(rk_lens), "rk_max": max(rk_lens, default=0)}
+    out = {
+        "p_idx": cat(p_idx),
+        "p_cu": cu(p_lens),
+        "p_max": max(p_lens),
+        "rq_idx": cat(rq_idx),
+        "rq_cu": cu(rq_lens),
+        "rq_max": max(rq_lens, default=0),
+        "rk_idx": cat(rk_idx),
+        "rk_cu": cu(rk_lens),
+        "rk_max": max(rk_lens, default=0),
+    }
     plan._cache[key] = out
     return out
 
 
 def _flash_varlen_fn():
     from flash_attn import flash_attn_varlen_func
+
     return flash_attn_varlen_func
 
 
 def _torch_flash_varlen(q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale=None, causal=False):
     """flash_attn_varlen_func's forward (GQA native, causal aligned bottom-right) through torch's own
     FlashAttention-2 kernel; differentiable. CUDA builds of torch only, bf16/fp16."""
-    return torch.ops.aten._flash_attention_forward(q, k, v, cu_q, cu_k, max_q, max_k, 0.0, causal, False,
-                                                   scale=softmax_scale)[0]
+    return torch.ops.aten._flash_attention_forward(
+        q, k, v, cu_q, cu_k, max_q, max_k, 0.0, causal, False, scale=softmax_scale
+    )[0]
 
 
 def _flash_varlen_attention(q, k, v, plan: ZorroPlan, scale: float, varlen_fn=None) -> torch.Tensor:
     varlen_fn = varlen_fn or _flash_varlen_fn()
     ix = _varlen_indices(plan, q.device)
-    qt, kt, vt = q[0].transpose(0, 1), k[0].transpose(0, 1), v[0].transpose(0, 1)   # [N, H|K, D]
+    qt, kt, vt = q[0].transpose(0, 1), k[0].transpose(0, 1), v[0].transpose(0, 1)  # [N, H|K, D]
     p_idx = ix["p_idx"]
-    o_p = varlen_fn(qt.index_select(0, p_idx), kt.index_select(0, p_idx), vt.index_select(0, p_idx),
-                    ix["p_cu"], ix["p_cu"], ix["p_max"], ix["p_max"], softmax_scale=scale, causal=True)
+    o_p = varlen_fn(
+        qt.index_select(0, p_idx),
+        kt.index_select(0, p_idx),
+        vt.index_select(0, p_idx),
+        ix["p_cu"],
+        ix["p_cu"],
+        ix["p_max"],
+        ix["p_max"],
+        softmax_scale=scale,
+        causal=True,
+    )
     out = torch.zeros_like(qt).index_copy(0, p_idx, o_p)
     if ix["rq_max"] > 0:
         # flash-attn (>= 2.1) aligns the causal diagonal bottom-right when seqlen_q < seqlen_k:
         # response query j sees the whole prompt and own keys 0..j.
         rk = ix["rk_idx"]
-        o_r = varlen_fn(qt.index_select(0, ix["rq_idx"]), kt.index_select(0, rk), vt.index_select(0, rk),
-                        ix["rq_cu"], ix["rk_cu"], ix["rq_max"], ix["rk_max"], softmax_scale=scale, causal=True)
+        o_r = varlen_fn(
+            qt.index_select(0, ix["rq_idx"]),
+            kt.index_select(0, rk),
+            vt.index_select(0, rk),
+            ix["rq_cu"],
+            ix["rk_cu"],
+            ix["rq_max"],
+            ix["rk_max"],
+            softmax_scale=scale,
+            causal=True,
+        )
         out = out.index_copy(0, ix["rq_idx"], o_r)
     return out.unsqueeze(0)
 
@@ -386,9 +451,14 @@ def varlen_reference(q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale=None, caus
         qs, qe, ks, ke = int(cu_q[i]), int(cu_q[i + 1]), int(cu_k[i]), int(cu_k[i + 1])
         L, S = qe - qs, ke - ks
         mask = torch.ones(L, S, dtype=torch.bool, device=q.device).tril(S - L) if causal else None
-        o = F.scaled_dot_product_attention(q[qs:qe].transpose(0, 1), k[ks:ke].transpose(0, 1),
-                                           v[ks:ke].transpose(0, 1), attn_mask=mask, scale=softmax_scale,
-                                           enable_gqa=q.shape[1] != k.shape[1])
+        o = F.scaled_dot_product_attention(
+            q[qs:qe].transpose(0, 1),
+            k[ks:ke].transpose(0, 1),
+            v[ks:ke].transpose(0, 1),
+            attn_mask=mask,
+            scale=softmax_scale,
+            enable_gqa=q.shape[1] != k.shape[1],
+        )
         outs.append(o.transpose(0, 1))
     return torch.cat(outs)
 
@@ -396,30 +466,49 @@ def varlen_reference(q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale=None, caus
 # ----------------------------------------------------------------------------------------------
 # The function registered in transformers' AttentionInterface.
 
-_BACKEND_FNS = {"split": _split_attention, "concat": _concat_attention, "flash_varlen": _flash_varlen_attention,
-                "torch_varlen": lambda q, k, v, plan, scale: _flash_varlen_attention(q, k, v, plan, scale,
-                                                                                   _torch_flash_varlen)}
+_BACKEND_FNS = {
+    "split": _split_attention,
+    "concat": _concat_attention,
+    "flash_varlen": _flash_varlen_attention,
+    "torch_varlen": lambda q, k, v, plan, scale: _flash_varlen_attention(q, k, v, plan, scale, _torch_flash_varlen),
+}
 
 
-def zorro_attention_forward(module, query, key, value, attention_mask, dropout: float = 0.0,
-                            scaling: float | None = None, sliding_window: int | None = None,
-                            softcap: float | None = None, zorro_plan: ZorroPlan | None = None, **kwargs):
+def zorro_attention_forward(
+    module,
+    query,
+    key,
+    value,
+    attention_mask,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    sliding_window: int | None = None,
+    softcap: float | None = None,
+    zorro_plan: ZorroPlan | None = None,
+    **kwargs,
+):
     """transformers attention-interface function: query [1, H, N, D], key/value [1, K, N, D] ->
     ([1, N, H, D], None). Needs `zorro_plan` in the model call's kwargs (set by zorro_log_probs)."""
     if zorro_plan is None:
-        raise RuntimeError(f"attention implementation {ATTN_IMPLEMENTATION!r} is only usable through "
-                           "arctic_rl.zorro.train.zorro_log_probs (no zorro_plan was passed)")
+        raise RuntimeError(
+            f"attention implementation {ATTN_IMPLEMENTATION!r} is only usable through "
+            "arctic_rl.zorro.train.zorro_log_probs (no zorro_plan was passed)"
+        )
     if query.shape[0] != 1 or query.shape[2] != zorro_plan.num_tokens:
-        raise RuntimeError(f"ZoRRo attention expects one packed row of {zorro_plan.num_tokens} tokens, "
-                           f"got query {list(query.shape)}")
+        raise RuntimeError(
+            f"ZoRRo attention expects one packed row of {zorro_plan.num_tokens} tokens, got query {list(query.shape)}"
+        )
     if dropout:
-        raise NotImplementedError(f"ZoRRo Train does not support attention dropout (got {dropout}); "
-                                  "set the model's attention_dropout to 0")
+        raise NotImplementedError(
+            f"ZoRRo Train does not support attention dropout (got {dropout}); set the model's attention_dropout to 0"
+        )
     if softcap or kwargs.get("s_aux") is not None:
         raise NotImplementedError("ZoRRo Train does not support attention logit soft-capping or attention sinks")
     if sliding_window is not None and zorro_plan.max_seq_len > sliding_window:
-        raise NotImplementedError(f"ZoRRo Train: a sequence of {zorro_plan.max_seq_len} tokens exceeds the "
-                                  f"model's sliding window of {sliding_window}; sliding windows are not supported")
+        raise NotImplementedError(
+            f"ZoRRo Train: a sequence of {zorro_plan.max_seq_len} tokens exceeds the "
+            f"model's sliding window of {sliding_window}; sliding windows are not supported"
+        )
     if not getattr(module, "is_causal", True):
         raise NotImplementedError("ZoRRo Train needs causal (decoder) self-attention")
     scale = query.shape[-1] ** -0.5 if scaling is None else float(scaling)
@@ -429,6 +518,7 @@ def zorro_attention_forward(module, query, key, value, attention_mask, dropout: 
 def register() -> str:
     """Registers the ZoRRo attention function with transformers (idempotent); returns its name."""
     from transformers import AttentionInterface
+
     AttentionInterface.register(ATTN_IMPLEMENTATION, zorro_attention_forward)
     return ATTN_IMPLEMENTATION
 
@@ -468,8 +558,15 @@ def pick_backend(device: torch.device, attention: str = "auto", dtype: torch.dty
     return "concat"
 
 
-def zorro_log_probs(model, batch: Batch, *, post_processor: str | Callable = "log_probs", pp_config: dict | None = None,
-                    chunk_tokens: int = DEFAULT_CHUNK_TOKENS, attention: str = "auto") -> dict[str, torch.Tensor]:
+def zorro_log_probs(
+    model,
+    batch: Batch,
+    *,
+    post_processor: str | Callable = "log_probs",
+    pp_config: dict | None = None,
+    chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
+    attention: str = "auto",
+) -> dict[str, torch.Tensor]:
     """Same outputs as `arctic_rl.engines.forward.naive_log_probs` ({"log_probs": [B, R],
     "entropy": [B, R]?}, zeros on response padding), each shared prompt encoded once.
 
@@ -482,9 +579,15 @@ def zorro_log_probs(model, batch: Batch, *, post_processor: str | Callable = "lo
     dtype = next(model.parameters()).dtype
     plan = build_plan(batch, device=device, backend=pick_backend(device, attention, dtype))
     with zorro_attention_enabled(model):
-        hidden_1NH = body(input_ids=plan.input_ids, position_ids=plan.position_ids, attention_mask=None,
-                          use_cache=False, zorro_plan=plan).last_hidden_state
-    out_M = head_post_process(hidden_1NH[0].index_select(0, plan.pred_index), plan.labels, head,
-                              post_processor, pp_config, chunk_tokens)
+        hidden_1NH = body(
+            input_ids=plan.input_ids,
+            position_ids=plan.position_ids,
+            attention_mask=None,
+            use_cache=False,
+            zorro_plan=plan,
+        ).last_hidden_state
+    out_M = head_post_process(
+        hidden_1NH[0].index_select(0, plan.pred_index), plan.labels, head, post_processor, pp_config, chunk_tokens
+    )
     B, R = plan.num_rows, plan.resp_cols
     return {k: v.new_zeros(B * R).index_copy(0, plan.out_index, v).view(B, R) for k, v in out_M.items()}

@@ -16,6 +16,7 @@ Opt-in (as on CUDA). At the op level it beats vLLM's own CPU kernel 2.0-2.5x at 
 heads) and ties it at G 2 or prefix 512: that kernel re-reads shared prefix blocks from the CPU's L3, so
 the hardware already dedups much of what the cascade saves (docs/zorro.md). Not measured end to end.
 """
+
 from __future__ import annotations
 
 import logging
@@ -41,10 +42,18 @@ class ZorroCPUAttentionImpl(CPUAttentionBackendImpl):
     def _cascade_applies(self, layer, attn_metadata) -> bool:
         from vllm.v1.attention.backend import AttentionType
 
-        return (attn_metadata is not None and attn_metadata.max_query_len == 1 and attn_metadata.causal
-                and self.attn_type == AttentionType.DECODER and getattr(layer, "isa", None) == "vec"
-                and self.alibi_slopes is None and self.sliding_window in (-1, None) and not self.logits_soft_cap
-                and self.sinks is None and self.kv_cache_dtype == "auto")
+        return (
+            attn_metadata is not None
+            and attn_metadata.max_query_len == 1
+            and attn_metadata.causal
+            and self.attn_type == AttentionType.DECODER
+            and getattr(layer, "isa", None) == "vec"
+            and self.alibi_slopes is None
+            and self.sliding_window in (-1, None)
+            and not self.logits_soft_cap
+            and self.sinks is None
+            and self.kv_cache_dtype == "auto"
+        )
 
     def _step_groups(self, attn_metadata, block_size: int) -> list:
         n = attn_metadata.num_actual_tokens
@@ -54,27 +63,39 @@ class ZorroCPUAttentionImpl(CPUAttentionBackendImpl):
         cached = ZorroCPUAttentionImpl._groups_key
         if cached is None or cached[0] is not attn_metadata or cached[1] != key[1]:
             ZorroCPUAttentionImpl._groups = groups_from_block_table(
-                attn_metadata.block_table[:n], lens, block_size, min_group_size=self.min_group_size,
-                min_prefix_len=self.min_prefix_len)
+                attn_metadata.block_table[:n],
+                lens,
+                block_size,
+                min_group_size=self.min_group_size,
+                min_prefix_len=self.min_prefix_len,
+            )
             ZorroCPUAttentionImpl._groups_key = key
         return ZorroCPUAttentionImpl._groups
 
-    def forward(self, layer, query, key, value, kv_cache, attn_metadata, output, output_scale=None,
-                output_block_scale=None):
+    def forward(
+        self, layer, query, key, value, kv_cache, attn_metadata, output, output_scale=None, output_block_scale=None
+    ):
         if output_scale is None and output_block_scale is None and self._cascade_applies(layer, attn_metadata):
             groups = self._step_groups(attn_metadata, kv_cache.shape[2])
             if groups:
                 n = attn_metadata.num_actual_tokens
                 q = query[:n].view(n, self.num_heads, self.head_size)
-                out = cascade_decode_vllm_cpu(q, kv_cache, attn_metadata.block_table[:n],
-                                              attn_metadata.seq_lens[:n].tolist(), groups, scale=self.scale)
+                out = cascade_decode_vllm_cpu(
+                    q,
+                    kv_cache,
+                    attn_metadata.block_table[:n],
+                    attn_metadata.seq_lens[:n].tolist(),
+                    groups,
+                    scale=self.scale,
+                )
                 output[:n].copy_(out.reshape(output[:n].shape))
                 ZorroCPUAttentionImpl.cascade_calls += 1
                 return output
         if attn_metadata is not None:
             ZorroCPUAttentionImpl.fallback_calls += 1
-        return super().forward(layer, query, key, value, kv_cache, attn_metadata, output, output_scale,
-                               output_block_scale)
+        return super().forward(
+            layer, query, key, value, kv_cache, attn_metadata, output, output_scale, output_block_scale
+        )
 
 
 class ZorroCPUAttentionBackend(CPUAttentionBackend):
@@ -90,9 +111,12 @@ def install(min_group_size: int = 2, min_prefix_len: int = 256) -> None:
     ZorroCPUAttentionImpl.min_group_size = int(min_group_size)
     ZorroCPUAttentionImpl.min_prefix_len = int(min_prefix_len)
     register_backend(AttentionBackendEnum.CPU_ATTN, CLASS_PATH)
-    log.warning("ZoRRo Inference: vLLM-CPU attention backend installed (cascade decode for groups >= %d sharing "
-                ">= %d tokens); on CPU it measured slower than vLLM's own kernel (docs/zorro.md)",
-                min_group_size, min_prefix_len)
+    log.warning(
+        "ZoRRo Inference: vLLM-CPU attention backend installed (cascade decode for groups >= %d sharing "
+        ">= %d tokens); on CPU it measured slower than vLLM's own kernel (docs/zorro.md)",
+        min_group_size,
+        min_prefix_len,
+    )
 
 
 def uninstall() -> None:

@@ -21,16 +21,16 @@ request). The in-place cascade takes 3.1-3.4 ms there (2.0-2.5x; 1.15-1.48x at 3
 
 Legend: Q requests, H query heads, K kv heads, D head dim, G requests in a group.
 """
+
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 
 from arctic_rl.zorro.cascade import PrefixGroup
 from arctic_rl.zorro.group_attention import LANES, load, paged_group_attention
 from arctic_rl.zorro.merge import merge_attention_states
-
 
 
 def split_kv_cache(kv_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -41,7 +41,7 @@ def split_kv_cache(kv_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def _keys_T(key_cache: torch.Tensor, blocks: torch.Tensor) -> torch.Tensor:
-    """"vec" layout: the keys of `blocks` as K^T [K, D, n * block_size] (one copy)."""
+    """ "vec" layout: the keys of `blocks` as K^T [K, D, n * block_size] (one copy)."""
     _, K, bs, D = key_cache.shape
     kt = key_cache.index_select(0, blocks).reshape(len(blocks), K, D, bs)
     return kt.permute(1, 2, 0, 3).reshape(K, D, len(blocks) * bs)
@@ -62,9 +62,15 @@ def _attend_T(q_KLD: torch.Tensor, kT_KDS: torch.Tensor, v_KSD: torch.Tensor, sc
     return o, (m + denom.log()).squeeze(-1)
 
 
-def cascade_decode_vllm_cpu(query: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor,
-                            seq_lens: Sequence[int], groups: Sequence[PrefixGroup], *,
-                            scale: float | None = None) -> torch.Tensor:
+def cascade_decode_vllm_cpu(
+    query: torch.Tensor,
+    kv_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    seq_lens: Sequence[int],
+    groups: Sequence[PrefixGroup],
+    *,
+    scale: float | None = None,
+) -> torch.Tensor:
     """Decode attention [Q, H, D] over one layer's vLLM-CPU kv_cache ("vec" layout), every
     request in a group (prefix_len in tokens, block-aligned); ungrouped requests are attended
     the same way with an empty prefix."""
@@ -72,10 +78,12 @@ def cascade_decode_vllm_cpu(query: torch.Tensor, kv_cache: torch.Tensor, block_t
     key_cache, value_cache = split_kv_cache(kv_cache)
     _, K, bs, _ = key_cache.shape
     rep = H // K
-    scale = D ** -0.5 if scale is None else scale
+    scale = D**-0.5 if scale is None else scale
     lens = [int(n) for n in seq_lens]
     if kv_cache.dtype == torch.float32 and bs % LANES == 0 and load() is not None:
-        return _cascade_in_place(query.float(), key_cache, value_cache, block_table, lens, groups, scale).to(query.dtype)
+        return _cascade_in_place(query.float(), key_cache, value_cache, block_table, lens, groups, scale).to(
+            query.dtype
+        )
     out = torch.empty(Q, H, D, dtype=torch.float32, device=query.device)
     seen = set()
     all_groups = list(groups) + [PrefixGroup((i,), 0) for i in range(Q) if not any(i in g.rows for g in groups)]
@@ -87,25 +95,29 @@ def cascade_decode_vllm_cpu(query: torch.Tensor, kv_cache: torch.Tensor, block_t
         G = len(rows)
         q = query[rows].view(G, K, rep, D)
         if P:
-            blocks = block_table[rows[0], :P // bs].long()
-            o_p, l_p = _attend_T(q.transpose(0, 1).reshape(K, G * rep, D), _keys_T(key_cache, blocks),
-                                 _values(value_cache, blocks), scale)
+            blocks = block_table[rows[0], : P // bs].long()
+            o_p, l_p = _attend_T(
+                q.transpose(0, 1).reshape(K, G * rep, D),
+                _keys_T(key_cache, blocks),
+                _values(value_cache, blocks),
+                scale,
+            )
             o_p = o_p.view(K, G, rep, D).transpose(0, 1)
             l_p = l_p.view(K, G, rep).transpose(0, 1)
         by_len: dict[int, list[int]] = {}
         for j, r in enumerate(rows):
             by_len.setdefault(lens[r], []).append(j)
-        for n, js in by_len.items():           # members of equal length: one batched suffix pass
+        for n, js in by_len.items():  # members of equal length: one batched suffix pass
             idx = [rows[j] for j in js]
             if n == P:
                 out[idx] = o_p[js].reshape(len(js), H, D)
                 continue
             nb = -(-n // bs) - P // bs
-            blocks = block_table[idx, P // bs:P // bs + nb].long().reshape(-1)
+            blocks = block_table[idx, P // bs : P // bs + nb].long().reshape(-1)
             kt = key_cache.index_select(0, blocks).reshape(len(js), nb, K, D, bs).permute(0, 2, 3, 1, 4)
-            kt = kt.reshape(len(js) * K, D, nb * bs)[:, :, :n - P]
+            kt = kt.reshape(len(js) * K, D, nb * bs)[:, :, : n - P]
             v = value_cache.index_select(0, blocks).reshape(len(js), nb, K, bs, D).permute(0, 2, 1, 3, 4)
-            v = v.reshape(len(js) * K, nb * bs, D)[:, :n - P]
+            v = v.reshape(len(js) * K, nb * bs, D)[:, : n - P]
             o_s, l_s = _attend_T(q[js].reshape(len(js) * K, rep, D), kt, v, scale)
             o_s, l_s = o_s.view(len(js), K, rep, D), l_s.view(len(js), K, rep)
             if P:
@@ -114,9 +126,15 @@ def cascade_decode_vllm_cpu(query: torch.Tensor, kv_cache: torch.Tensor, block_t
     return out.to(query.dtype)
 
 
-def _cascade_in_place(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
-                      block_table: torch.Tensor, lens: list[int], groups: Sequence[PrefixGroup],
-                      scale: float) -> torch.Tensor:
+def _cascade_in_place(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    lens: list[int],
+    groups: Sequence[PrefixGroup],
+    scale: float,
+) -> torch.Tensor:
     """The same cascade through ZoRRo's CPU kernel, which reads the blocks where they are (no gathers):
     one call per group over its prefix blocks (its G x H/K queries in the lanes of one register per KV
     head), one call for every request's suffix (each past its group's prefix; the whole sequence for
@@ -139,14 +157,31 @@ def _cascade_in_place(query: torch.Tensor, key_cache: torch.Tensor, value_cache:
             continue
         G = len(rows)
         qg = q[rows].permute(1, 0, 2, 3).reshape(1, K, G * rep, D)
-        o, l = paged_group_attention(qg, key_cache, value_cache, block_table[rows[0]:rows[0] + 1],
-                                     torch.zeros(1), torch.tensor([P]), scale, key_t_in_block=True)
+        o, l = paged_group_attention(
+            qg,
+            key_cache,
+            value_cache,
+            block_table[rows[0] : rows[0] + 1],
+            torch.zeros(1),
+            torch.tensor([P]),
+            scale,
+            key_t_in_block=True,
+        )
         o_p[rows] = o[0].view(K, G, rep, D).transpose(0, 1)
         l_p[rows] = l[0].view(K, G, rep).transpose(0, 1)
         for r in rows:
             starts[r] = P
     # the suffix pass starts each row's online softmax from its prefix result (lse -inf: none), so
     # the merge happens in the kernel
-    o_s, _ = paged_group_attention(q, key_cache, value_cache, block_table, torch.tensor(starts),
-                                   torch.tensor(lens), scale, key_t_in_block=True, init=(o_p, l_p) if seen else None)
+    o_s, _ = paged_group_attention(
+        q,
+        key_cache,
+        value_cache,
+        block_table,
+        torch.tensor(starts),
+        torch.tensor(lens),
+        scale,
+        key_t_in_block=True,
+        init=(o_p, l_p) if seen else None,
+    )
     return o_s.reshape(Q, H, D)

@@ -24,21 +24,46 @@ Options (the run config's `recipe.options`):
   seed           synthetic generation and pool padding (default 0)
   num_distractors, hops, question_types, filler   synthetic knobs (see recipes.longqa.synth)
 """
+
 from __future__ import annotations
 
 import random
-from typing import Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
-from recipes.longqa.prompts import (BOXED_PROMPT, LONGBENCH_PROMPTS, PROMPT_STYLES, fill_from_pool, format_passages,
-                                    render, select_passages, truncate_middle, whitespace_length)
+from recipes.longqa.prompts import (
+    BOXED_PROMPT,
+    LONGBENCH_PROMPTS,
+    PROMPT_STYLES,
+    fill_from_pool,
+    format_passages,
+    render,
+    select_passages,
+    truncate_middle,
+    whitespace_length,
+)
 from recipes.longqa.reward import MODES, score
 from recipes.longqa.schema import Passage, QAExample
 
 _SPLIT_SEED_OFFSET = {"train": 0, "validation": 1, "dev": 1, "test": 2}
 _SYNTH_KNOBS = ("num_distractors", "hops", "question_types", "filler")
-_KNOWN_OPTIONS = frozenset({"data_format", "data_path", "task", "num_examples", "context_tokens", "pad_from_pool",
-                            "prompt_style", "tokenizer", "length_fn", "reward_mode", "seed", "cache_dir",
-                            *_SYNTH_KNOBS})
+_KNOWN_OPTIONS = frozenset(
+    {
+        "data_format",
+        "data_path",
+        "task",
+        "num_examples",
+        "context_tokens",
+        "pad_from_pool",
+        "prompt_style",
+        "tokenizer",
+        "length_fn",
+        "reward_mode",
+        "seed",
+        "cache_dir",
+        *_SYNTH_KNOBS,
+    }
+)
 
 
 def load_examples(split: str, **options: Any) -> list[dict]:
@@ -56,27 +81,46 @@ def load_examples(split: str, **options: Any) -> list[dict]:
         raise ValueError("recipe.options.pad_from_pool needs context_tokens (the budget to fill), got None")
     tokenizer = _load_tokenizer(options.get("tokenizer"))
     length_fn = options.get("length_fn") or (
-        (lambda text: len(tokenizer.encode(text, add_special_tokens=False))) if tokenizer else whitespace_length)
+        (lambda text: len(tokenizer.encode(text, add_special_tokens=False))) if tokenizer else whitespace_length
+    )
     examples = _load_raw(split, options)
     num = options.get("num_examples")
     if num is not None:
         examples = examples[:num]
     pool = [p for ex in examples for p in ex.passages] if options.get("pad_from_pool") else []
     seed = int(options.get("seed", 0))
-    return [_to_contract(ex, i, style=style, mode=mode, context_tokens=options.get("context_tokens",
-            1536 if options.get("data_format", "synthetic") == "synthetic" else None), pool=pool, seed=seed,
-            length_fn=length_fn, tokenizer=tokenizer) for i, ex in enumerate(examples)]
+    return [
+        _to_contract(
+            ex,
+            i,
+            style=style,
+            mode=mode,
+            context_tokens=options.get(
+                "context_tokens", 1536 if options.get("data_format", "synthetic") == "synthetic" else None
+            ),
+            pool=pool,
+            seed=seed,
+            length_fn=length_fn,
+            tokenizer=tokenizer,
+        )
+        for i, ex in enumerate(examples)
+    ]
 
 
 def reward(completion: str, example: dict) -> float:
-    return score(completion, example["answers"], mode=example.get("reward_mode", "substring"),
-                 wrong_answers=example.get("wrong_answers") or ())
+    return score(
+        completion,
+        example["answers"],
+        mode=example.get("reward_mode", "substring"),
+        wrong_answers=example.get("wrong_answers") or (),
+    )
 
 
 def _load_tokenizer(path: str | None) -> Any:
     if path is None:
         return None
     from transformers import AutoTokenizer
+
     return AutoTokenizer.from_pretrained(path, local_files_only=True)
 
 
@@ -86,8 +130,9 @@ def _data_path(split: str, data_path: Any) -> str:
             raise ValueError(f"recipe.options.data_path has no entry for split {split!r}; it has {sorted(data_path)}")
         return str(data_path[split])
     if not isinstance(data_path, str) or not data_path:
-        raise ValueError("recipe.options.data_path must be a path, a '{split}' pattern or a mapping, "
-                         f"got {data_path!r}")
+        raise ValueError(
+            f"recipe.options.data_path must be a path, a '{{split}}' pattern or a mapping, got {data_path!r}"
+        )
     return data_path.replace("{split}", split)
 
 
@@ -107,14 +152,30 @@ def _load_raw(split: str, options: Mapping[str, Any]) -> list[QAExample]:
     if data_format == "synthetic":
         unused = [k for k in _SYNTH_KNOBS if k in options]
         if unused:
-            raise ValueError(f"recipe.options {unused} only apply when generating; data_path "
-                             f"{options['data_path']!r} was given, so the file's questions are used as written")
-    return data.load_file(data_format, _data_path(split, options.get("data_path")), task=options.get("task"),
-                          cache_dir=options.get("cache_dir"))
+            raise ValueError(
+                f"recipe.options {unused} only apply when generating; data_path "
+                f"{options['data_path']!r} was given, so the file's questions are used as written"
+            )
+    return data.load_file(
+        data_format,
+        _data_path(split, options.get("data_path")),
+        task=options.get("task"),
+        cache_dir=options.get("cache_dir"),
+    )
 
 
-def _to_contract(ex: QAExample, index: int, *, style: str, mode: str, context_tokens: int | None,
-                 pool: list[Passage], seed: int, length_fn: Callable[[str], int], tokenizer: Any) -> dict:
+def _to_contract(
+    ex: QAExample,
+    index: int,
+    *,
+    style: str,
+    mode: str,
+    context_tokens: int | None,
+    pool: list[Passage],
+    seed: int,
+    length_fn: Callable[[str], int],
+    tokenizer: Any,
+) -> dict:
     if ex.context is not None:  # LongBench: a finished context, cut in the middle like pred.py
         task = ex.source.split("/", 1)[1]
         template = LONGBENCH_PROMPTS[task] if style == "longbench" else BOXED_PROMPT
@@ -127,6 +188,14 @@ def _to_contract(ex: QAExample, index: int, *, style: str, mode: str, context_to
             passages = fill_from_pool(passages, pool, context_tokens, random.Random(f"{seed}:{ex.id}"), length_fn)
         template = LONGBENCH_PROMPTS["hotpotqa"] if style == "longbench" else BOXED_PROMPT
         prompt = render(template, format_passages(passages), ex.question)
-    return {"messages": [{"role": "user", "content": prompt}], "answers": list(ex.answers), "id": ex.id,
-            "source": ex.source, "type": ex.type, "reward_mode": mode, "length": ex.length,
-            "all_classes": ex.all_classes, "wrong_answers": list(ex.wrong_answers)}
+    return {
+        "messages": [{"role": "user", "content": prompt}],
+        "answers": list(ex.answers),
+        "id": ex.id,
+        "source": ex.source,
+        "type": ex.type,
+        "reward_mode": mode,
+        "length": ex.length,
+        "all_classes": ex.all_classes,
+        "wrong_answers": list(ex.wrong_answers),
+    }

@@ -4,6 +4,7 @@ LongBench v1 (jsonl per task), read with HF `datasets` from local files into `QA
 Hub access is switched off here: every path is a local file, and a hub lookup would otherwise
 retry for ~20 s before failing.
 """
+
 from __future__ import annotations
 
 import os
@@ -11,8 +12,9 @@ import os
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
+from collections.abc import Callable, Iterable  # noqa: E402
 from pathlib import Path  # noqa: E402
-from typing import Any, Callable, Iterable  # noqa: E402
+from typing import Any
 
 from recipes.longqa.schema import Passage, QAExample  # noqa: E402
 
@@ -20,7 +22,14 @@ Record = dict[str, Any]
 FORMATS: tuple[str, ...] = ("hotpotqa", "2wikimqa", "musique", "longbench")
 # Tasks whose LongBench files are English QA scored by token F1; other tasks need other metrics.
 LONGBENCH_QA_TASKS: tuple[str, ...] = (
-    "hotpotqa", "2wikimqa", "musique", "narrativeqa", "qasper", "multifieldqa_en", "triviaqa")
+    "hotpotqa",
+    "2wikimqa",
+    "musique",
+    "narrativeqa",
+    "qasper",
+    "multifieldqa_en",
+    "triviaqa",
+)
 
 
 def read_records(path: str | Path, cache_dir: str | None = None) -> list[Record]:
@@ -62,9 +71,14 @@ def from_hotpotqa_record(record: Record, index: int, source: str = "hotpotqa") -
     if answer is None or answer == "":
         raise ValueError(f"{where}: field 'answer' is missing (test sets carry none; use a dev or train file)")
     return QAExample(
-        id=str(record.get("_id", index)), source=source, question=_require(record, "question", where),
-        answers=[str(answer)], passages=_title_sentence_context(record, where), type=str(record.get("type") or ""),
-        wrong_answers=[str(w) for w in record.get("wrong_answers") or []])
+        id=str(record.get("_id", index)),
+        source=source,
+        question=_require(record, "question", where),
+        answers=[str(answer)],
+        passages=_title_sentence_context(record, where),
+        type=str(record.get("type") or ""),
+        wrong_answers=[str(w) for w in record.get("wrong_answers") or []],
+    )
 
 
 def from_musique_record(record: Record, index: int) -> QAExample | None:
@@ -74,12 +88,22 @@ def from_musique_record(record: Record, index: int) -> QAExample | None:
         return None
     answers = [str(_require(record, "answer", where))] + [str(a) for a in record.get("answer_aliases") or []]
     passages = [
-        Passage(title=str(p.get("title", "")), text=str(_require(p, "paragraph_text", f"{where} paragraph {j}")),
-                is_supporting=bool(p.get("is_supporting")))
-        for j, p in enumerate(_require(record, "paragraphs", where))]
+        Passage(
+            title=str(p.get("title", "")),
+            text=str(_require(p, "paragraph_text", f"{where} paragraph {j}")),
+            is_supporting=bool(p.get("is_supporting")),
+        )
+        for j, p in enumerate(_require(record, "paragraphs", where))
+    ]
     hops = str(record.get("id", "")).split("_")[0]  # ids look like "2hop__123_456"
-    return QAExample(id=str(record.get("id", index)), source="musique", question=_require(record, "question", where),
-                     answers=answers, passages=passages, type=hops if "hop" in hops else "")
+    return QAExample(
+        id=str(record.get("id", index)),
+        source="musique",
+        question=_require(record, "question", where),
+        answers=answers,
+        passages=passages,
+        type=hops if "hop" in hops else "",
+    )
 
 
 def from_longbench_record(record: Record, index: int, task: str) -> QAExample:
@@ -88,9 +112,14 @@ def from_longbench_record(record: Record, index: int, task: str) -> QAExample:
     if isinstance(answers, str) or not all(isinstance(a, str) for a in answers):
         raise ValueError(f"{where}: field 'answers' must be a list of strings, got {answers!r}")
     return QAExample(
-        id=str(record.get("_id", index)), source=f"longbench/{task}", question=str(record.get("input") or ""),
-        answers=list(answers), context=str(_require(record, "context", where)), length=record.get("length"),
-        all_classes=record.get("all_classes"))
+        id=str(record.get("_id", index)),
+        source=f"longbench/{task}",
+        question=str(record.get("input") or ""),
+        answers=list(answers),
+        context=str(_require(record, "context", where)),
+        length=record.get("length"),
+        all_classes=record.get("all_classes"),
+    )
 
 
 def _convert(records: Iterable[Record], fn: Callable[[Record, int], QAExample | None]) -> list[QAExample]:
@@ -125,8 +154,9 @@ def load_longbench(path: str | Path, task: str, *, cache_dir: str | None = None)
     return _convert(read_records(file, cache_dir), lambda r, i: from_longbench_record(r, i, task))
 
 
-def load_file(data_format: str, path: str | Path, *, task: str | None = None,
-              cache_dir: str | None = None) -> list[QAExample]:
+def load_file(
+    data_format: str, path: str | Path, *, task: str | None = None, cache_dir: str | None = None
+) -> list[QAExample]:
     """One entry point for the recipe: dispatches on `data_format` (one of FORMATS)."""
     if data_format in ("hotpotqa", "synthetic"):
         return load_hotpotqa(path, source=data_format, cache_dir=cache_dir)

@@ -4,11 +4,12 @@ builder that fills a token budget with supporting passages first, then distracto
 LongBench's templates and generation lengths are data (THUDM/LongBench, config/dataset2prompt.json
 and dataset2maxlen.json), reproduced here for its English QA tasks.
 """
+
 from __future__ import annotations
 
 import math
 import random
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 from recipes.longqa.schema import Passage
 
@@ -33,11 +34,11 @@ LONGBENCH_PROMPTS: dict[str, str] = {
     "qasper": (
         "You are given a scientific article and a question. Answer the question as concisely as you can, using a "
         "single phrase or sentence if possible. If the question cannot be answered based on the information in the "
-        "article, write \"unanswerable\". If the question is a yes/no question, answer \"yes\", \"no\", or "
-        "\"unanswerable\". Do not provide any explanation.\n\nArticle: {context}\n\n Answer the question based on "
+        'article, write "unanswerable". If the question is a yes/no question, answer "yes", "no", or '
+        '"unanswerable". Do not provide any explanation.\n\nArticle: {context}\n\n Answer the question based on '
         "the above article as concisely as you can, using a single phrase or sentence if possible. If the question "
-        "cannot be answered based on the information in the article, write \"unanswerable\". If the question is a "
-        "yes/no question, answer \"yes\", \"no\", or \"unanswerable\". Do not provide any explanation.\n\n"
+        'cannot be answered based on the information in the article, write "unanswerable". If the question is a '
+        'yes/no question, answer "yes", "no", or "unanswerable". Do not provide any explanation.\n\n'
         "Question: {input}\n\nAnswer:"
     ),
     "multifieldqa_en": (
@@ -51,8 +52,13 @@ LONGBENCH_PROMPTS: dict[str, str] = {
 }
 # Maximum new tokens LongBench generates per task.
 LONGBENCH_MAX_NEW_TOKENS: dict[str, int] = {
-    "hotpotqa": 32, "2wikimqa": 32, "musique": 32, "narrativeqa": 128, "qasper": 128,
-    "multifieldqa_en": 64, "triviaqa": 32,
+    "hotpotqa": 32,
+    "2wikimqa": 32,
+    "musique": 32,
+    "narrativeqa": 128,
+    "qasper": 128,
+    "multifieldqa_en": 64,
+    "triviaqa": 32,
 }
 # Tasks LongBench prompts without the chat template (few-shot continuation tasks).
 LONGBENCH_NO_CHAT_TEMPLATE: frozenset[str] = frozenset({"trec", "triviaqa", "samsum", "lsht", "lcc", "repobench-p"})
@@ -76,8 +82,9 @@ def format_passages(passages: Sequence[Passage]) -> str:
     return "\n".join(f"Passage {i}:\n{p.title}\n{p.text}" for i, p in enumerate(passages, start=1))
 
 
-def select_passages(passages: Sequence[Passage], context_tokens: int | None,
-                    length_fn: LengthFn = whitespace_length) -> list[Passage]:
+def select_passages(
+    passages: Sequence[Passage], context_tokens: int | None, length_fn: LengthFn = whitespace_length
+) -> list[Passage]:
     """All supporting passages, then distractors in their given order while the formatted context
     stays within `context_tokens` (None keeps all). Relative order is kept, so where the evidence
     sits is decided by the data, not by the budget. Costs are summed per passage (tokenizers are
@@ -90,7 +97,7 @@ def select_passages(passages: Sequence[Passage], context_tokens: int | None,
     costs = [length_fn(format_passages([p])) for p in passages]
     keep = [p.is_supporting for p in passages]
     total = sum(c for c, k in zip(costs, keep) if k)
-    for i, passage in enumerate(passages):
+    for i in range(len(passages)):
         if not keep[i] and total + costs[i] <= context_tokens:
             keep[i], total = True, total + costs[i]
     added = [i for i, p in enumerate(passages) if keep[i] and not p.is_supporting]
@@ -99,8 +106,14 @@ def select_passages(passages: Sequence[Passage], context_tokens: int | None,
     return [p for p, k in zip(passages, keep) if k]
 
 
-def fill_from_pool(selected: Sequence[Passage], pool: Sequence[Passage], context_tokens: int, rng: random.Random,
-                   length_fn: LengthFn = whitespace_length, max_misses: int = 8) -> list[Passage]:
+def fill_from_pool(
+    selected: Sequence[Passage],
+    pool: Sequence[Passage],
+    context_tokens: int,
+    rng: random.Random,
+    length_fn: LengthFn = whitespace_length,
+    max_misses: int = 8,
+) -> list[Passage]:
     """Adds random passages of `pool` (other questions' passages) after `selected` until the
     budget is full (`max_misses` draws in a row that do not fit), then shuffles, so the evidence
     lands anywhere in the context. Draws lazily: the cost is about one length_fn call per passage
@@ -126,8 +139,9 @@ def fill_from_pool(selected: Sequence[Passage], pool: Sequence[Passage], context
     return out
 
 
-def truncate_middle(text: str, max_tokens: int, length_fn: LengthFn = whitespace_length,
-                    tokenizer: object | None = None) -> str:
+def truncate_middle(
+    text: str, max_tokens: int, length_fn: LengthFn = whitespace_length, tokenizer: object | None = None
+) -> str:
     """LongBench's truncation: keep the first and last halves, since instructions sit at both ends.
     With a tokenizer it cuts token ids exactly like LongBench's pred.py; else it cuts words."""
     if max_tokens <= 0:
@@ -138,7 +152,8 @@ def truncate_middle(text: str, max_tokens: int, length_fn: LengthFn = whitespace
             return text
         half = max_tokens // 2
         return tokenizer.decode(ids[:half], skip_special_tokens=True) + tokenizer.decode(
-            ids[-half:], skip_special_tokens=True)
+            ids[-half:], skip_special_tokens=True
+        )
     if length_fn(text) <= max_tokens:
         return text
     words = text.split(" ")
@@ -149,7 +164,7 @@ def truncate_middle(text: str, max_tokens: int, length_fn: LengthFn = whitespace
             lo = k
         else:
             hi = k - 1
-    return " ".join(words[:lo] + words[len(words) - lo:]) if lo else ""
+    return " ".join(words[:lo] + words[len(words) - lo :]) if lo else ""
 
 
 def render(template: str, context: str, question: str) -> str:

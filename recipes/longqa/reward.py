@@ -20,13 +20,15 @@ comparison; the synthetic set records them) veto a prediction that names one of 
 yes/no gold has the other word as an implied wrong answer, so "yes or no" scores on neither.
 Real sets carry no candidate list: there `mode="f1"` is the mode that penalizes long answers.
 """
+
 from __future__ import annotations
 
 import re
 import string
 import unicodedata
 from collections import Counter
-from typing import Literal, Sequence
+from collections.abc import Sequence
+from typing import Literal
 
 Mode = Literal["substring", "exact", "f1"]
 MODES: tuple[str, ...] = ("substring", "exact", "f1")
@@ -65,7 +67,7 @@ def _last_boxed(text: str) -> str | None:
             depth += {"{": 1, "}": -1}.get(text[i], 0)
             i += 1
         if depth == 0:
-            return text[start + len(_BOXED): i - 1]
+            return text[start + len(_BOXED) : i - 1]
         start = text.rfind(_BOXED, 0, start)
     return None
 
@@ -95,7 +97,7 @@ def extract_answer(completion: str) -> str:
         found = match.group(1).strip()
         if found:
             return found
-        following = [line for line in lines[i + 1:] if line]
+        following = [line for line in lines[i + 1 :] if line]
         if following:
             return following[0]
     non_empty = [line for line in lines if line]
@@ -142,8 +144,9 @@ def match_score(prediction: str, ground_truth: str, mode: Mode = "substring") ->
     raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
 
 
-def score(completion: str, answers: Sequence[str] | str, mode: Mode = "substring",
-          wrong_answers: Sequence[str] = ()) -> float:
+def score(
+    completion: str, answers: Sequence[str] | str, mode: Mode = "substring", wrong_answers: Sequence[str] = ()
+) -> float:
     """Best score of the completion's extracted answer over the gold `answers`; in substring mode
     an answer that also names one of `wrong_answers` scores 0."""
     if mode not in MODES:
@@ -152,8 +155,12 @@ def score(completion: str, answers: Sequence[str] | str, mode: Mode = "substring
     if not gold:
         raise ValueError("answers must hold at least one gold answer, got []")
     prediction = extract_answer(completion)
-    return max(0.0 if mode == "substring" and names_wrong_answer(prediction, truth, _vetoes(truth, wrong_answers))
-               else match_score(prediction, truth, mode) for truth in gold)
+    return max(
+        0.0
+        if mode == "substring" and names_wrong_answer(prediction, truth, _vetoes(truth, wrong_answers))
+        else match_score(prediction, truth, mode)
+        for truth in gold
+    )
 
 
 def _vetoes(truth: str, wrong_answers: Sequence[str]) -> list[str]:

@@ -1,4 +1,5 @@
 """The internal example every loader produces, whatever the source format."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -15,6 +16,7 @@ class Passage:
 class QAExample:
     """One question. Multi-document sources fill `passages`; LongBench gives one finished
     `context` string instead (its passages are already laid out and cannot be re-selected)."""
+
     id: str
     source: str  # "hotpotqa", "2wikimqa", "musique", "longbench/<task>", "synthetic"
     question: str

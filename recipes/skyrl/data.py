@@ -14,6 +14,7 @@ recipes/skyrl/env.py scores with `recipes.<recipe>.reward`. On arctic-rl a pre-f
 skyrl-gym's gsm8k env): GSM8K jsonl from --train/--test, default the generated arithmetic set in GSM8K's format
 that ships in recipes/verl/data (no download).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -30,9 +31,15 @@ ENV_CLASS = "arctic"
 
 def rows(recipe: str, split: str, options: dict[str, Any], limit: int | None = None) -> list[dict[str, Any]]:
     examples = importlib.import_module(f"recipes.{recipe}").load_examples(split, **options)[:limit]
-    return [{"prompt": ex["messages"], "env_class": ENV_CLASS, "arctic_recipe": recipe,
-             "arctic_example": json.dumps({k: v for k, v in ex.items() if k != "messages"}, default=str)}
-            for ex in examples]
+    return [
+        {
+            "prompt": ex["messages"],
+            "env_class": ENV_CLASS,
+            "arctic_recipe": recipe,
+            "arctic_example": json.dumps({k: v for k, v in ex.items() if k != "messages"}, default=str),
+        }
+        for ex in examples
+    ]
 
 
 def write_jsonl(records: list[dict[str, Any]], path: Path) -> Path:
@@ -45,8 +52,15 @@ def write_jsonl(records: list[dict[str, Any]], path: Path) -> Path:
     return path
 
 
-def prepare(recipe: str, out: Path, options: dict[str, Any] | None = None, train_split: str = "train",
-            val_split: str | None = None, max_train: int | None = None, max_val: int | None = None) -> dict[str, Path]:
+def prepare(
+    recipe: str,
+    out: Path,
+    options: dict[str, Any] | None = None,
+    train_split: str = "train",
+    val_split: str | None = None,
+    max_train: int | None = None,
+    max_val: int | None = None,
+) -> dict[str, Path]:
     options = dict(options or {})
     paths = {"train": write_jsonl(rows(recipe, train_split, options, max_train), Path(out) / "train.jsonl")}
     if val_split:
@@ -58,9 +72,15 @@ def gsm8k_rows(path: Path | None, split: str, limit: int | None = None) -> list[
     from recipes.verl.gsm8k import DATA_DIR, INSTRUCTION, extract_solution, read_jsonl
 
     src = path or DATA_DIR / ("arith_train.jsonl" if split == "train" else "arith_test.jsonl")
-    return [{"prompt": [{"role": "user", "content": r["question"] + " " + INSTRUCTION}], "env_class": "gsm8k",
-             "reward_spec": {"method": "rule", "ground_truth": extract_solution(r["answer"])},
-             "extra_info": {"split": split, "index": i}} for i, r in enumerate(read_jsonl(src)[:limit])]
+    return [
+        {
+            "prompt": [{"role": "user", "content": r["question"] + " " + INSTRUCTION}],
+            "env_class": "gsm8k",
+            "reward_spec": {"method": "rule", "ground_truth": extract_solution(r["answer"])},
+            "extra_info": {"split": split, "index": i},
+        }
+        for i, r in enumerate(read_jsonl(src)[:limit])
+    ]
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -6,6 +6,7 @@ does the same). A dataset row's `env_extras` carry `arctic_recipe` and `arctic_e
 the reward is `recipes.<arctic_recipe>.reward(assistant_prefix + action, example)`. SkyRL's own envs
 (gsm8k, ...) work the same way with their own extras.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -23,8 +24,10 @@ class ArcticRecipeEnv(BaseTextEnv):
         extras = extras or {}
         for key in ("arctic_recipe", "arctic_example"):
             if key not in extras:
-                raise ValueError(f"env_class {ENV_ID!r} needs the dataset column {key!r} "
-                                 f"(write the data with recipes.skyrl.data); got {sorted(extras)}")
+                raise ValueError(
+                    f"env_class {ENV_ID!r} needs the dataset column {key!r} "
+                    f"(write the data with recipes.skyrl.data); got {sorted(extras)}"
+                )
         self.recipe = importlib.import_module(f"recipes.{extras['arctic_recipe']}")
         ex = extras["arctic_example"]
         self.example = json.loads(ex) if isinstance(ex, str) else dict(ex)
@@ -37,7 +40,8 @@ class ArcticRecipeEnv(BaseTextEnv):
 
 def register() -> None:
     """Registers env_class "arctic" in skyrl-gym (idempotent; call it in the process that makes envs)."""
-    from skyrl_gym.envs.registration import register as gym_register, registry
+    from skyrl_gym.envs.registration import register as gym_register
+    from skyrl_gym.envs.registration import registry
 
     if ENV_ID not in registry:
         gym_register(id=ENV_ID, entry_point="recipes.skyrl.env:ArcticRecipeEnv")

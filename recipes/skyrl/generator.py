@@ -9,6 +9,7 @@ then `env.step(response_text)["reward"]`: SkyRL's gsm8k env on its own data, or 
 (recipes/skyrl/env.py) for any arctic-rl recipe, whose examples may pre-fill the assistant turn
 (`assistant_prefix`: appended to the prompt here).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -73,8 +74,12 @@ class ArcticGenerator(GeneratorInterface):
         return OmegaConf.to_container(self.cfg.environment.skyrl_gym.get(env_class, DictConfig({})), resolve=True)
 
     def _prompt_ids(self, messages: list[dict], example: dict) -> list[int]:
-        text = self.tokenizer.apply_chat_template(list(messages), tokenize=False, add_generation_prompt=True,
-                                                  **dict(self.cfg.generator.get("chat_template_kwargs") or {}))
+        text = self.tokenizer.apply_chat_template(
+            list(messages),
+            tokenize=False,
+            add_generation_prompt=True,
+            **dict(self.cfg.generator.get("chat_template_kwargs") or {}),
+        )
         return self.tokenizer(text + example.get("assistant_prefix", ""), add_special_tokens=False)["input_ids"]
 
     async def generate(self, input_batch: GeneratorInput) -> GeneratorOutput:
@@ -98,7 +103,7 @@ class ArcticGenerator(GeneratorInterface):
             ids = [self._prompt_ids(prompts[start], examples[start]) for start, _ in group]
             out = await asyncio.to_thread(self.client.generate, ids, {**params, "n": n})
             for k, (start, _) in enumerate(group):
-                samples[start:start + n] = out[k * n:(k + 1) * n]
+                samples[start : start + n] = out[k * n : (k + 1) * n]
         classes = input_batch["env_classes"]
         configs = [self._env_config(c) for c in classes]
         # One skyrl-gym env per sample, scored in a process pool sized by this node's CPUs (arctic_rl.rewards).
@@ -111,8 +116,10 @@ class ArcticGenerator(GeneratorInterface):
             "rewards": rewards,
             "loss_masks": [[1] * len(r) for r in responses],
             "stop_reasons": [s.get("finish_reason") or "stop" for s in samples],
-            "rollout_metrics": {"generate/avg_num_tokens": sum(map(len, responses)) / max(1, len(responses)),
-                                "generate/reward_mean": mean},
+            "rollout_metrics": {
+                "generate/avg_num_tokens": sum(map(len, responses)) / max(1, len(responses)),
+                "generate/reward_mean": mean,
+            },
             "rollout_logprobs": [s["logprobs"] for s in samples],
             "trajectory_ids": input_batch.get("trajectory_ids"),
             "is_last_step": None,

@@ -13,6 +13,7 @@ reached over HTTP (`+trainer.arctic.comm_protocol=http +trainer.arctic.server_py
 defaults here). MLflow: SkyRL's own logger (`trainer.logger=[console,mlflow]`) with the `compare` tags
 framework=skyrl, backend=arctic-rl, recipe (ARCTIC_RL_RECIPE, else trainer.project_name), model.
 """
+
 from __future__ import annotations
 
 import os
@@ -21,7 +22,6 @@ from pathlib import Path
 import hydra
 import ray
 from omegaconf import DictConfig, OmegaConf, open_dict
-
 from skyrl_train.dataset import PromptDataset
 from skyrl_train.entrypoints.main_base import BasePPOExp, config_dir
 from skyrl_train.utils import validate_cfg
@@ -57,8 +57,12 @@ class ArcticPPOExp(BasePPOExp):
 
     def _dataset(self, files) -> PromptDataset:
         # SkyRL tokenizes with 8 processes; a small machine gets one per core.
-        return PromptDataset(datasets=files, tokenizer=self.tokenizer, max_prompt_length=self.cfg.trainer.max_prompt_length,
-                             num_workers=max(1, min(8, os.cpu_count() or 1)))
+        return PromptDataset(
+            datasets=files,
+            tokenizer=self.tokenizer,
+            max_prompt_length=self.cfg.trainer.max_prompt_length,
+            num_workers=max(1, min(8, os.cpu_count() or 1)),
+        )
 
     def _setup_trainer(self):
         from arctic_rl import create_arctic_rl_client
@@ -69,15 +73,23 @@ class ArcticPPOExp(BasePPOExp):
         os.makedirs(self.cfg.trainer.export_path, exist_ok=True)
         os.makedirs(self.cfg.trainer.ckpt_path, exist_ok=True)
         client_config = client_config_from_skyrl(self.cfg)  # config errors before anything starts
-        set_run_context(FRAMEWORK_SKYRL, BACKEND_ARCTIC, str(self.cfg.trainer.project_name),
-                        str(self.cfg.trainer.policy.model.path))
+        set_run_context(
+            FRAMEWORK_SKYRL, BACKEND_ARCTIC, str(self.cfg.trainer.project_name), str(self.cfg.trainer.policy.model.path)
+        )
         tracker = self.get_tracker()
         self.client = create_arctic_rl_client(client_config)
         print(f"[arctic-rl] placement: {placement_tags(self.client.health())['placement']}", flush=True)
         generator = ArcticGenerator(self.cfg, self.tokenizer, self.client)
-        trainer = ArcticPPOTrainer(cfg=self.cfg, tracker=tracker, tokenizer=self.tokenizer,
-                                   train_dataset=self.train_dataset, eval_dataset=self.eval_dataset,
-                                   inference_engine_client=None, generator=generator, colocate_pg=None)
+        trainer = ArcticPPOTrainer(
+            cfg=self.cfg,
+            tracker=tracker,
+            tokenizer=self.tokenizer,
+            train_dataset=self.train_dataset,
+            eval_dataset=self.eval_dataset,
+            inference_engine_client=None,
+            generator=generator,
+            colocate_pg=None,
+        )
         trainer.attach(self.client)
         trainer.build_models()
         return trainer

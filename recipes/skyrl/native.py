@@ -8,6 +8,7 @@ reward code in both runs; SkyRL's own envs (gsm8k) need nothing. The MLflow run 
 framework=skyrl, backend=native. Pre-filled assistant turns are refused here: SkyRL's generator samples
 from the plain generation prompt, so a prefix would be scored as if the model had written it.
 """
+
 from __future__ import annotations
 
 import json
@@ -15,7 +16,6 @@ import json
 import hydra
 import ray
 from omegaconf import DictConfig
-
 from skyrl_train.entrypoints.main_base import BasePPOExp, config_dir
 from skyrl_train.utils import validate_cfg
 from skyrl_train.utils.utils import initialize_ray
@@ -32,16 +32,19 @@ def check_no_prefill(files) -> None:
             continue
         for i, ex in enumerate(ds["arctic_example"]):
             if json.loads(ex).get("assistant_prefix"):
-                raise ValueError(f"{path} row {i}: assistant_prefix is set (text2sql prefill: true); native SkyRL "
-                                 f"cannot pre-fill the assistant turn - write the data with prefill: false")
+                raise ValueError(
+                    f"{path} row {i}: assistant_prefix is set (text2sql prefill: true); native SkyRL "
+                    f"cannot pre-fill the assistant turn - write the data with prefill: false"
+                )
 
 
 class NativeExp(BasePPOExp):
     def get_tracker(self):
         from arctic_rl.tracking import BACKEND_NATIVE, FRAMEWORK_SKYRL, set_run_context
 
-        set_run_context(FRAMEWORK_SKYRL, BACKEND_NATIVE, str(self.cfg.trainer.project_name),
-                        str(self.cfg.trainer.policy.model.path))
+        set_run_context(
+            FRAMEWORK_SKYRL, BACKEND_NATIVE, str(self.cfg.trainer.project_name), str(self.cfg.trainer.policy.model.path)
+        )
         return super().get_tracker()
 
 

@@ -16,6 +16,7 @@ arctic-rl client ops:
 SkyRL's algorithm config maps onto our GRPO loss (arctic_rl/losses/grpo.py) by `loss_config_from_skyrl`;
 a SkyRL setting with no arctic-rl equivalent (a critic, clip_cov, ...) is refused by name, never ignored.
 """
+
 from __future__ import annotations
 
 import os
@@ -23,7 +24,6 @@ from collections import defaultdict
 from typing import Any
 
 import numpy as np
-
 from skyrl_train.trainer import RayPPOTrainer
 from skyrl_train.utils import Timer
 
@@ -34,12 +34,21 @@ GLOBAL_STEP_PREFIX = "global_step_"  # SkyRL's checkpoint folder names
 LATEST_FILE = "latest_ckpt_global_step.txt"
 # SkyRL policy_loss_type / loss_reduction / kl_estimator_type -> our names
 POLICY_LOSSES = {"regular": "ppo", "dual_clip": "ppo", "gspo": "gspo", "cispo": "cispo"}
-REDUCTIONS = {"token_mean": "token-mean", "sequence_mean": "seq-mean-token-mean",
-              "seq_mean_token_sum_norm": "seq-mean-token-sum-norm"}
+REDUCTIONS = {
+    "token_mean": "token-mean",
+    "sequence_mean": "seq-mean-token-mean",
+    "seq_mean_token_sum_norm": "seq-mean-token-sum-norm",
+}
 KL_TYPES = {"k1": "k1", "k2": "k2", "k3": "k3", "abs": "abs"}
 # Our loss metrics under SkyRL's policy/* names (its PolicyWorker's train_status keys).
-STATUS_NAMES = {"actor/pg_loss": "policy_loss", "actor/pg_clipfrac": "ppo_clip_ratio", "actor/entropy": "policy_entropy",
-                "actor/kl_loss": "policy_kl", "actor/grad_norm": "grad_norm", "actor/lr": "policy_lr"}
+STATUS_NAMES = {
+    "actor/pg_loss": "policy_loss",
+    "actor/pg_clipfrac": "ppo_clip_ratio",
+    "actor/entropy": "policy_entropy",
+    "actor/kl_loss": "policy_kl",
+    "actor/grad_norm": "grad_norm",
+    "actor/lr": "policy_lr",
+}
 
 
 def _bad(key: str, value: Any, known) -> ValueError:
@@ -55,7 +64,8 @@ def loss_config_from_skyrl(cfg) -> dict[str, Any]:
         raise _bad("trainer.algorithm.loss_reduction", alg.loss_reduction, REDUCTIONS)
     out: dict[str, Any] = {
         "policy_loss": POLICY_LOSSES[alg.policy_loss_type],
-        "clip_ratio_low": float(alg.eps_clip_low), "clip_ratio_high": float(alg.eps_clip_high),
+        "clip_ratio_low": float(alg.eps_clip_low),
+        "clip_ratio_high": float(alg.eps_clip_high),
         # SkyRL's "regular" PPO has no dual clip; ours always applies it at clip_ratio_c, so put it out of reach.
         "clip_ratio_c": float(alg.clip_ratio_c) if alg.policy_loss_type == "dual_clip" else 1e30,
         "loss_agg_mode": REDUCTIONS[alg.loss_reduction],
@@ -74,7 +84,9 @@ def loss_config_from_skyrl(cfg) -> dict[str, Any]:
         # Truncated importance sampling: weight by min(pi_old / pi_rollout, cap) per token.
         out.update(rollout_is="token", rollout_is_threshold=float(alg.tis_imp_ratio_cap))
     if alg.policy_loss_type == "cispo":
-        out.update(clip_ratio_low=float(alg.cispo.cispo_eps_clip_low), clip_ratio_high=float(alg.cispo.cispo_eps_clip_high))
+        out.update(
+            clip_ratio_low=float(alg.cispo.cispo_eps_clip_low), clip_ratio_high=float(alg.cispo.cispo_eps_clip_high)
+        )
     return out
 
 
@@ -85,7 +97,7 @@ def _scheduler(opt) -> dict[str, Any]:
     return {"type": kinds[opt.scheduler], "warmup_steps": int(opt.num_warmup_steps)}
 
 
-def client_config_from_skyrl(cfg) -> "ArcticRLClientConfig":  # noqa: F821
+def client_config_from_skyrl(cfg) -> ArcticRLClientConfig:  # noqa: F821
     """An ArcticRLClientConfig from SkyRL's trainer/generator config; `trainer.arctic` (optional, add it with
     `+trainer.arctic.<field>=...`) overrides any field, e.g. comm_protocol, port, server_python."""
     from omegaconf import OmegaConf
@@ -94,8 +106,10 @@ def client_config_from_skyrl(cfg) -> "ArcticRLClientConfig":  # noqa: F821
 
     t, g = cfg.trainer, cfg.generator
     if t.critic.model.path is not None or t.algorithm.advantage_estimator == "gae":
-        raise ValueError("SkyRL with a critic (trainer.critic.model.path / advantage_estimator=gae): arctic-rl has "
-                         "no value model; use a critic-free estimator (grpo, rloo, reinforce++)")
+        raise ValueError(
+            "SkyRL with a critic (trainer.critic.model.path / advantage_estimator=gae): arctic-rl has "
+            "no value model; use a critic-free estimator (grpo, rloo, reinforce++)"
+        )
     if t.policy.model.lora.rank > 0:
         raise _bad("trainer.policy.model.lora.rank", t.policy.model.lora.rank, ["0"])
     opt = t.policy.optimizer_config
@@ -109,17 +123,22 @@ def client_config_from_skyrl(cfg) -> "ArcticRLClientConfig":  # noqa: F821
         "seed": int(t.seed),
         "training_config": {
             "dtype": "bfloat16" if t.bf16 else "float32",
-            "optimizer": {"lr": float(opt.lr), "weight_decay": float(opt.weight_decay),
-                          "betas": [float(b) for b in opt.adam_betas]},
+            "optimizer": {
+                "lr": float(opt.lr),
+                "weight_decay": float(opt.weight_decay),
+                "betas": [float(b) for b in opt.adam_betas],
+            },
             "lr_scheduler": _scheduler(opt),
             "grad_clip": float(opt.max_grad_norm or 0.0),
             "micro_batch_size": int(t.micro_train_batch_size_per_gpu),
             "gradient_checkpointing": bool(t.gradient_checkpointing),
         },
-        "vllm_config": {"max_seq_len": int(t.max_prompt_length + g.sampling_params.max_generate_length),
-                        "tensor_parallel_size": int(g.inference_engine_tensor_parallel_size),
-                        "gpu_memory_utilization": float(g.gpu_memory_utilization),
-                        "enforce_eager": bool(g.enforce_eager)},
+        "vllm_config": {
+            "max_seq_len": int(t.max_prompt_length + g.sampling_params.max_generate_length),
+            "tensor_parallel_size": int(g.inference_engine_tensor_parallel_size),
+            "gpu_memory_utilization": float(g.gpu_memory_utilization),
+            "enforce_eager": bool(g.enforce_eager),
+        },
         # The server writes and reads checkpoints under SkyRL's ckpt_path only.
         "server": {"checkpoint_root": os.path.abspath(str(t.ckpt_path))},
     }
@@ -173,14 +192,19 @@ class ArcticPPOTrainer(RayPPOTrainer):
         self._uids = batch.get("uid")
         logp = self.client.log_probs(batch)["log_probs"]
         training_input["action_log_probs"] = logp
-        training_input["base_action_log_probs"] = (self.client.log_probs(batch, reference=True)["log_probs"]
-                                                   if self.use_ref else None)
+        training_input["base_action_log_probs"] = (
+            self.client.log_probs(batch, reference=True)["log_probs"] if self.use_ref else None
+        )
         training_input["values"] = None
         if self.cfg.generator.sampling_params.logprobs is not None:
             mask = training_input["loss_mask"] > 0
             diff = (training_input["rollout_logprobs"][mask] - logp[mask]).exp().abs()
-            self.all_metrics.update({"policy/rollout_train_prob_diff_mean": diff.mean().item(),
-                                     "policy/rollout_train_prob_diff_std": diff.std().item()})
+            self.all_metrics.update(
+                {
+                    "policy/rollout_train_prob_diff_mean": diff.mean().item(),
+                    "policy/rollout_train_prob_diff_std": diff.std().item(),
+                }
+            )
         return training_input
 
     def train_critic_and_policy(self, data):
@@ -232,8 +256,10 @@ class ArcticPPOTrainer(RayPPOTrainer):
             raise ValueError(f"trainer.resume_path={path!r}: expected a {GLOBAL_STEP_PREFIX}<N> folder")
         self.client.load_checkpoint(os.path.abspath(path))
         self.client.sync_weights()
-        return int(name[len(GLOBAL_STEP_PREFIX):]), path
+        return int(name[len(GLOBAL_STEP_PREFIX) :]), path
 
     def save_models(self):
-        raise ValueError("trainer.hf_save_interval: HF exports are not an arctic-rl op; use trainer.ckpt_interval "
-                         "(arctic-rl checkpoints) and export from one")
+        raise ValueError(
+            "trainer.hf_save_interval: HF exports are not an arctic-rl op; use trainer.ckpt_interval "
+            "(arctic-rl checkpoints) and export from one"
+        )

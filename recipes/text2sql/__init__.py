@@ -16,6 +16,7 @@
     seed            picks the worked examples (default 0)
     execution_credit, format_credit, timeout_s, transpile   the reward's options (reward.py)
 """
+
 from __future__ import annotations
 
 import random
@@ -103,14 +104,23 @@ def load_examples(split: str, **options: Any) -> list[dict]:
     for rec in records:
         db_path = bird.db_path(rec["db_id"])
         tables = tables_in_sql(rec["SQL"], db_path) if opts.schema_tables == "relevant" else None
-        shots = [Shot(s["question"], s["evidence"], s["SQL"], shot_split.db_path(s["db_id"]))
-                 for s in shot_pool.pick(rec, split, opts.num_shots, opts.seed)]
+        shots = [
+            Shot(s["question"], s["evidence"], s["SQL"], shot_split.db_path(s["db_id"]))
+            for s in shot_pool.pick(rec, split, opts.num_shots, opts.seed)
+        ]
         ex = {
-            "messages": build_messages(rec["question"], rec["evidence"], db_path, tables, shots,
-                                       opts.prefill, opts.num_values),
-            "question_id": rec["question_id"], "db_id": rec["db_id"], "db_path": str(db_path),
-            "question": rec["question"], "evidence": rec["evidence"], "gold_sql": rec["SQL"],
-            "alt_sql": rec["alt_SQL"], "difficulty": rec["difficulty"], "reward_options": reward_options,
+            "messages": build_messages(
+                rec["question"], rec["evidence"], db_path, tables, shots, opts.prefill, opts.num_values
+            ),
+            "question_id": rec["question_id"],
+            "db_id": rec["db_id"],
+            "db_path": str(db_path),
+            "question": rec["question"],
+            "evidence": rec["evidence"],
+            "gold_sql": rec["SQL"],
+            "alt_sql": rec["alt_SQL"],
+            "difficulty": rec["difficulty"],
+            "reward_options": reward_options,
         }
         if opts.prefill:
             ex["assistant_prefix"] = PREFILL
@@ -136,8 +146,7 @@ class _ShotPool:
             return []
         rng = random.Random(f"{seed}:{split}:{rec['question_id']}")
         chosen: list[dict] = []
-        tiers = (self.same_db_simple.get(rec["db_id"], []), self.same_db_other.get(rec["db_id"], []),
-                 self.records)
+        tiers = (self.same_db_simple.get(rec["db_id"], []), self.same_db_other.get(rec["db_id"], []), self.records)
         for tier in tiers:
             # Sampling a few more than needed is enough to skip `rec` and earlier picks cheaply.
             for cand in rng.sample(tier, min(len(tier), num_shots + len(chosen) + 1)):
@@ -160,7 +169,7 @@ def sft_completion(example: dict) -> str | None:
 
     full = assistant_answer(example["gold_sql"].strip(), Path(example["db_path"]), "assistant_prefix" in example)
     prefix = example.get("assistant_prefix", "")
-    return full[len(prefix):] if full.startswith(prefix) else None
+    return full[len(prefix) :] if full.startswith(prefix) else None
 
 
 __all__ = ["Text2SQLOptions", "load_examples", "reward", "sft_completion"]

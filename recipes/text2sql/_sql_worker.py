@@ -16,6 +16,7 @@ Resources: a progress handler enforces the timeout, fetching stops at max_rows +
 address space is capped (RLIMIT_AS), SQLite values at 10 MB and an answer at 64 MB of JSON; whatever still hangs or crashes
 the process is the parent's to kill and replace.
 """
+
 from __future__ import annotations
 
 import json
@@ -24,17 +25,41 @@ import sys
 import time
 import urllib.parse
 
-ALLOWED_ACTIONS = {sqlite3.SQLITE_SELECT, sqlite3.SQLITE_READ, sqlite3.SQLITE_FUNCTION,
-                   getattr(sqlite3, "SQLITE_RECURSIVE", 33)}
+ALLOWED_ACTIONS = {
+    sqlite3.SQLITE_SELECT,
+    sqlite3.SQLITE_READ,
+    sqlite3.SQLITE_FUNCTION,
+    getattr(sqlite3, "SQLITE_RECURSIVE", 33),
+}
 # Functions that touch files or process memory in some builds (the CLI's readfile/writefile/edit,
 # fts3_tokenizer's pointer form); load_extension is also disabled at the C level.
 DENIED_FUNCTIONS = {"load_extension", "readfile", "writefile", "edit", "fts3_tokenizer"}
 STARTERS = ("select", "with", "values")
 # Statements SQLite knows that are not queries: reported as "denied"; any other first word is a
 # typo that SQLite would reject as a syntax error anyway.
-NON_QUERY_STATEMENTS = {"insert", "replace", "update", "delete", "create", "drop", "alter", "attach",
-                        "detach", "pragma", "vacuum", "reindex", "analyze", "begin", "commit", "end",
-                        "rollback", "savepoint", "release", "explain", "upsert"}
+NON_QUERY_STATEMENTS = {
+    "insert",
+    "replace",
+    "update",
+    "delete",
+    "create",
+    "drop",
+    "alter",
+    "attach",
+    "detach",
+    "pragma",
+    "vacuum",
+    "reindex",
+    "analyze",
+    "begin",
+    "commit",
+    "end",
+    "rollback",
+    "savepoint",
+    "release",
+    "explain",
+    "upsert",
+}
 MAX_CACHED_CONNECTIONS = 8
 PROGRESS_EVERY_N_OPS = 20_000
 # The parent holds each answer in memory: a result larger than this is refused, not sent.
@@ -95,8 +120,7 @@ class Worker:
         word = first_keyword(sql)
         if word not in STARTERS:
             kind = "denied" if word in NON_QUERY_STATEMENTS else "syntax"
-            return {"ok": False, "kind": kind,
-                    "error": f"only SELECT/WITH/VALUES queries run here, got {word!r} first"}
+            return {"ok": False, "kind": kind, "error": f"only SELECT/WITH/VALUES queries run here, got {word!r} first"}
         try:
             conn = self.connect(req["db"])
         except sqlite3.Error as e:
@@ -146,6 +170,7 @@ def _limit_memory(megabytes: int) -> None:
         return
     try:
         import resource
+
         limit = megabytes * 1024 * 1024
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
     except (ImportError, ValueError, OSError):
@@ -163,8 +188,13 @@ def main() -> None:
             resp = {"ok": False, "kind": "error", "error": f"worker: {type(e).__name__}: {e}"}
         text = json.dumps(resp)
         if len(text) > MAX_RESPONSE_CHARS:
-            text = json.dumps({"ok": False, "kind": "too_many_rows",
-                               "error": f"result is {len(text)} characters as JSON, over {MAX_RESPONSE_CHARS}"})
+            text = json.dumps(
+                {
+                    "ok": False,
+                    "kind": "too_many_rows",
+                    "error": f"result is {len(text)} characters as JSON, over {MAX_RESPONSE_CHARS}",
+                }
+            )
         out.write(text + "\n")
         out.flush()
 

@@ -15,6 +15,7 @@ folder beside DIR and renamed into place at the end, so DIR is either the old se
 Unlike BIRD, both splits use the same two databases (each split gets its own copy, hard-linked
 where the file system allows), so dev measures new questions, not unseen schemas.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -53,8 +54,12 @@ def tables_json(db_id: str, db_path: Path) -> dict:
     """The Spider/BIRD `*_tables.json` entry of one database, read from the database itself."""
     conn = sqlite3.connect(f"file:{db_path}?mode=ro", uri=True)
     try:
-        tables = [r[0] for r in conn.execute(
-            "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%' ORDER BY rowid")]
+        tables = [
+            r[0]
+            for r in conn.execute(
+                "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%' ORDER BY rowid"
+            )
+        ]
         columns: list[list] = [[-1, "*"]]
         types = ["text"]
         primary_keys: list = []
@@ -67,8 +72,7 @@ def tables_json(db_id: str, db_path: Path) -> dict:
                 if is_pk:
                     pk.append(len(columns))
                 columns.append([ti, name])
-                types.append("number" if any(k in (col_type or "").upper() for k in ("INT", "REAL", "NUM"))
-                             else "text")
+                types.append("number" if any(k in (col_type or "").upper() for k in ("INT", "REAL", "NUM")) else "text")
             if pk:
                 primary_keys.append(pk[0] if len(pk) == 1 else pk)
         foreign_keys = []
@@ -79,10 +83,16 @@ def tables_json(db_id: str, db_path: Path) -> dict:
                     foreign_keys.append([src, dst])
     finally:
         conn.close()
-    return {"db_id": db_id, "table_names_original": tables, "table_names": [t.lower() for t in tables],
-            "column_names_original": columns,
-            "column_names": [[i, n.replace("_", " ").lower()] for i, n in columns],
-            "column_types": types, "primary_keys": primary_keys, "foreign_keys": foreign_keys}
+    return {
+        "db_id": db_id,
+        "table_names_original": tables,
+        "table_names": [t.lower() for t in tables],
+        "column_names_original": columns,
+        "column_names": [[i, n.replace("_", " ").lower()] for i, n in columns],
+        "column_types": types,
+        "primary_keys": primary_keys,
+        "foreign_keys": foreign_keys,
+    }
 
 
 def _link_or_copy(src: Path, dst: Path) -> None:
@@ -96,8 +106,11 @@ def _link_or_copy(src: Path, dst: Path) -> None:
 def _verify_gold(records: list[dict], db_root: Path, box: SQLSandbox) -> None:
     queries = [(r, sql) for r in records for sql in [r["SQL"], *r.get("alt_SQL", [])]]
     with tqdm(total=len(queries), desc=f"verify gold SQL ({db_root.name})", leave=False) as bar:
-        results = box.execute_many([(db_root / r["db_id"] / f"{r['db_id']}.sqlite", sql) for r, sql in queries],
-                                   timeout_s=60.0, on_done=bar.update)
+        results = box.execute_many(
+            [(db_root / r["db_id"] / f"{r['db_id']}.sqlite", sql) for r, sql in queries],
+            timeout_s=60.0,
+            on_done=bar.update,
+        )
     for (rec, sql), res in zip(queries, results):
         where = f"question_id {rec['question_id']} ({rec['db_id']}: {rec['question']!r})"
         if not res.ok:
@@ -114,8 +127,14 @@ def _records(split: str) -> list[dict]:
             raise ValueError(f"question {q.question!r}: db_id {q.db_id!r} is not one of {sorted(databases.DATABASES)}")
         if q.difficulty not in DIFFICULTIES:
             raise ValueError(f"question {q.question!r}: difficulty {q.difficulty!r} is not one of {DIFFICULTIES}")
-        rec = {"question_id": len(out), "db_id": q.db_id, "question": q.question, "evidence": q.evidence,
-               "SQL": q.sql, "difficulty": q.difficulty}
+        rec = {
+            "question_id": len(out),
+            "db_id": q.db_id,
+            "question": q.question,
+            "evidence": q.evidence,
+            "SQL": q.sql,
+            "difficulty": q.difficulty,
+        }
         if q.alt:
             rec["alt_SQL"] = list(q.alt)
         out.append(rec)
@@ -136,8 +155,10 @@ def build(out_dir: Path, num_workers: int = 2) -> dict:
         manifest: dict = {"version": BUILD_VERSION, "fingerprint": fingerprint(), "databases": {}, "counts": {}}
         for db_id in databases.DATABASES:
             db = built / f"{db_id}.sqlite"
-            manifest["databases"][db_id] = {"sha256": hashlib.sha256(db.read_bytes()).hexdigest(),
-                                            "bytes": db.stat().st_size}
+            manifest["databases"][db_id] = {
+                "sha256": hashlib.sha256(db.read_bytes()).hexdigest(),
+                "bytes": db.stat().st_size,
+            }
         with SQLSandbox(num_workers=num_workers) as box:
             for split in SPLITS:
                 records = _records(split)
@@ -159,10 +180,14 @@ def build(out_dir: Path, num_workers: int = 2) -> dict:
         shutil.rmtree(old, ignore_errors=True)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    counts = ", ".join(f"{s} {sum(c.values())} ({', '.join(f'{k} {v}' for k, v in c.items())})"
-                       for s, c in manifest["counts"].items())
-    print(f"[text2sql] built {len(manifest['databases'])} databases, {counts} in {out_dir} "
-          f"({time.monotonic() - start:.1f}s)", file=sys.stderr)
+    counts = ", ".join(
+        f"{s} {sum(c.values())} ({', '.join(f'{k} {v}' for k, v in c.items())})" for s, c in manifest["counts"].items()
+    )
+    print(
+        f"[text2sql] built {len(manifest['databases'])} databases, {counts} in {out_dir} "
+        f"({time.monotonic() - start:.1f}s)",
+        file=sys.stderr,
+    )
     return manifest
 
 
@@ -185,9 +210,12 @@ def _manifest_fingerprint(out: Path) -> str | None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", type=Path, default=DEFAULT_CACHE_DIR, help=f"output folder (default {DEFAULT_CACHE_DIR})")
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--out", type=Path, default=DEFAULT_CACHE_DIR, help=f"output folder (default {DEFAULT_CACHE_DIR})"
+    )
     parser.add_argument("--num-workers", type=int, default=2, help="sandbox workers that verify the gold SQL")
     args = parser.parse_args(argv)
     build(args.out, num_workers=args.num_workers)

@@ -9,6 +9,7 @@ Fields: `db_id`, `question`, `SQL` are required; `evidence` defaults to "", `que
 row's index (BIRD's train.json has none), `difficulty` to "unknown" (nor has it difficulties);
 `alt_SQL` (a list of further accepted gold queries) is ours and optional.
 """
+
 from __future__ import annotations
 
 import json
@@ -60,15 +61,17 @@ def _normalize(rows: list[dict], path: Path) -> list[dict]:
             if not isinstance(row.get(field), str) or not row[field].strip():
                 raise ValueError(f"{path}: row {i} has no valid {field!r} (got {row.get(field)!r})")
         qid = row.get("question_id")
-        out.append({
-            "question_id": int(qid) if qid is not None else i,
-            "db_id": row["db_id"],
-            "question": row["question"].strip(),
-            "evidence": (row.get("evidence") or "").strip(),
-            "SQL": row["SQL"].strip(),
-            "difficulty": row.get("difficulty") or "unknown",
-            "alt_SQL": list(row.get("alt_SQL") or []),
-        })
+        out.append(
+            {
+                "question_id": int(qid) if qid is not None else i,
+                "db_id": row["db_id"],
+                "question": row["question"].strip(),
+                "evidence": (row.get("evidence") or "").strip(),
+                "SQL": row["SQL"].strip(),
+                "difficulty": row.get("difficulty") or "unknown",
+                "alt_SQL": list(row.get("alt_SQL") or []),
+            }
+        )
     return out
 
 
@@ -94,8 +97,10 @@ def _check_databases(s: BirdSplit) -> None:
     for db_id in db_ids:
         path = s.db_path(db_id)
         if not path.is_file():
-            raise FileNotFoundError(f"BIRD layout in {s.db_root.parent} is incomplete: {s.questions_file.name} "
-                                    f"names db_id {db_id!r} but {path} does not exist")
+            raise FileNotFoundError(
+                f"BIRD layout in {s.db_root.parent} is incomplete: {s.questions_file.name} "
+                f"names db_id {db_id!r} but {path} does not exist"
+            )
     if s.tables_file is not None:
         known = {t.get("db_id") for t in json.loads(s.tables_file.read_text(encoding="utf-8"))}
         missing = [d for d in db_ids if d not in known]

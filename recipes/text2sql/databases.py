@@ -10,6 +10,7 @@
 Both builders read the package's files through importlib.metadata, so nothing is imported from
 the packages themselves and nothing is downloaded.
 """
+
 from __future__ import annotations
 
 import csv
@@ -30,15 +31,15 @@ def package_file(dist_name: str, suffix: str) -> Path:
     try:
         dist = metadata.distribution(dist_name)
     except metadata.PackageNotFoundError as e:
-        raise FileNotFoundError(f"package {dist_name!r} is not installed; it carries the data for "
-                                f"the bundled text2sql set: {INSTALL_HINT}") from e
+        raise FileNotFoundError(
+            f"package {dist_name!r} is not installed; it carries the data for the bundled text2sql set: {INSTALL_HINT}"
+        ) from e
     for f in dist.files or ():
         if str(f).replace("\\", "/").endswith(suffix):
             path = Path(dist.locate_file(f)).resolve()
             if path.is_file():
                 return path
-    raise FileNotFoundError(f"package {dist_name!r} has no file ending in {suffix!r}; reinstall it: "
-                            f"{INSTALL_HINT}")
+    raise FileNotFoundError(f"package {dist_name!r} has no file ending in {suffix!r}; reinstall it: {INSTALL_HINT}")
 
 
 # --- Chinook ---------------------------------------------------------------------------------
@@ -76,28 +77,85 @@ CHINOOK_TABLES: list[tuple[str, str, str | None, list[tuple[str, str]]]] = [
     ("chinook.album", "Album", "AlbumId", [("Title", "title"), ("ArtistId", "artist")]),
     ("chinook.genre", "Genre", "GenreId", [("Name", "name")]),
     ("chinook.mediatype", "MediaType", "MediaTypeId", [("Name", "name")]),
-    ("chinook.track", "Track", "TrackId", [
-        ("Name", "name"), ("AlbumId", "album"), ("MediaTypeId", "mediatype"), ("GenreId", "genre"),
-        ("Composer", "composer"), ("Milliseconds", "milliseconds"), ("Bytes", "bytes"),
-        ("UnitPrice", "unit_price")]),
+    (
+        "chinook.track",
+        "Track",
+        "TrackId",
+        [
+            ("Name", "name"),
+            ("AlbumId", "album"),
+            ("MediaTypeId", "mediatype"),
+            ("GenreId", "genre"),
+            ("Composer", "composer"),
+            ("Milliseconds", "milliseconds"),
+            ("Bytes", "bytes"),
+            ("UnitPrice", "unit_price"),
+        ],
+    ),
     ("chinook.playlist", "Playlist", "PlaylistId", [("Name", "name")]),
     # PlaylistTrack's fixture pk is a Django surrogate id that the real schema does not have.
     ("chinook.playlisttrack", "PlaylistTrack", None, [("PlaylistId", "playlist"), ("TrackId", "track")]),
-    ("chinook.employee", "Employee", "EmployeeId", [
-        ("LastName", "lastname"), ("FirstName", "firstname"), ("Title", "title"), ("ReportsTo", "reports_to"),
-        ("BirthDate", "birthdate"), ("HireDate", "hiredate"), ("Address", "address"), ("City", "city"),
-        ("State", "state"), ("Country", "country"), ("PostalCode", "postalcode"), ("Phone", "phone"),
-        ("Fax", "fax"), ("Email", "email")]),
-    ("chinook.customer", "Customer", "CustomerId", [
-        ("FirstName", "firstname"), ("LastName", "lastname"), ("Company", "company"), ("Address", "address"),
-        ("City", "city"), ("State", "state"), ("Country", "country"), ("PostalCode", "postalcode"),
-        ("Phone", "phone"), ("Fax", "fax"), ("Email", "email"), ("SupportRepId", "support_rep")]),
-    ("chinook.invoice", "Invoice", "InvoiceId", [
-        ("CustomerId", "customer"), ("InvoiceDate", "invoicedate"), ("BillingAddress", "billingaddress"),
-        ("BillingCity", "billingcity"), ("BillingState", "billingstate"), ("BillingCountry", "billingcountry"),
-        ("BillingPostalCode", "billingpostalcode"), ("Total", "total")]),
-    ("chinook.invoiceline", "InvoiceLine", "InvoiceLineId", [
-        ("InvoiceId", "invoice"), ("TrackId", "track"), ("UnitPrice", "unit_price"), ("Quantity", "quantity")]),
+    (
+        "chinook.employee",
+        "Employee",
+        "EmployeeId",
+        [
+            ("LastName", "lastname"),
+            ("FirstName", "firstname"),
+            ("Title", "title"),
+            ("ReportsTo", "reports_to"),
+            ("BirthDate", "birthdate"),
+            ("HireDate", "hiredate"),
+            ("Address", "address"),
+            ("City", "city"),
+            ("State", "state"),
+            ("Country", "country"),
+            ("PostalCode", "postalcode"),
+            ("Phone", "phone"),
+            ("Fax", "fax"),
+            ("Email", "email"),
+        ],
+    ),
+    (
+        "chinook.customer",
+        "Customer",
+        "CustomerId",
+        [
+            ("FirstName", "firstname"),
+            ("LastName", "lastname"),
+            ("Company", "company"),
+            ("Address", "address"),
+            ("City", "city"),
+            ("State", "state"),
+            ("Country", "country"),
+            ("PostalCode", "postalcode"),
+            ("Phone", "phone"),
+            ("Fax", "fax"),
+            ("Email", "email"),
+            ("SupportRepId", "support_rep"),
+        ],
+    ),
+    (
+        "chinook.invoice",
+        "Invoice",
+        "InvoiceId",
+        [
+            ("CustomerId", "customer"),
+            ("InvoiceDate", "invoicedate"),
+            ("BillingAddress", "billingaddress"),
+            ("BillingCity", "billingcity"),
+            ("BillingState", "billingstate"),
+            ("BillingCountry", "billingcountry"),
+            ("BillingPostalCode", "billingpostalcode"),
+            ("Total", "total"),
+        ],
+    ),
+    (
+        "chinook.invoiceline",
+        "InvoiceLine",
+        "InvoiceLineId",
+        [("InvoiceId", "invoice"), ("TrackId", "track"), ("UnitPrice", "unit_price"), ("Quantity", "quantity")],
+    ),
 ]
 
 
@@ -122,8 +180,7 @@ def build_chinook(path: Path) -> None:
             if not rows:
                 raise ValueError(f"{fixture}: no records of model {model!r}")
             cols = ([pk] if pk else []) + [c for c, _ in fields]
-            values = [([r["pk"]] if pk else []) + [_chinook_value(r["fields"].get(f)) for _, f in fields]
-                      for r in rows]
+            values = [([r["pk"]] if pk else []) + [_chinook_value(r["fields"].get(f)) for _, f in fields] for r in rows]
             _insert(conn, table, cols, values)
 
 
@@ -132,30 +189,93 @@ def build_chinook(path: Path) -> None:
 # CSV file -> (table, [(column, type)], primary key). Types decide how "NA" and numbers are stored.
 FLIGHTS_TABLES: list[tuple[str, str, list[tuple[str, str]], str | None]] = [
     ("airlines.csv", "airlines", [("carrier", "TEXT"), ("name", "TEXT")], "carrier"),
-    ("airports.csv", "airports", [("faa", "TEXT"), ("name", "TEXT"), ("lat", "REAL"), ("lon", "REAL"),
-                                  ("alt", "INTEGER"), ("tz", "INTEGER"), ("dst", "TEXT"), ("tzone", "TEXT")], "faa"),
-    ("planes.csv", "planes", [("tailnum", "TEXT"), ("year", "INTEGER"), ("type", "TEXT"),
-                              ("manufacturer", "TEXT"), ("model", "TEXT"), ("engines", "INTEGER"),
-                              ("seats", "INTEGER"), ("speed", "INTEGER"), ("engine", "TEXT")], "tailnum"),
-    ("weather.csv", "weather", [("origin", "TEXT"), ("year", "INTEGER"), ("month", "INTEGER"),
-                                ("day", "INTEGER"), ("hour", "INTEGER"), ("temp", "REAL"), ("dewp", "REAL"),
-                                ("humid", "REAL"), ("wind_dir", "INTEGER"), ("wind_speed", "REAL"),
-                                ("wind_gust", "REAL"), ("precip", "REAL"), ("pressure", "REAL"),
-                                ("visib", "REAL"), ("time_hour", "TEXT")], None),
-    ("flights.csv.zip", "flights", [("year", "INTEGER"), ("month", "INTEGER"), ("day", "INTEGER"),
-                                    ("dep_time", "INTEGER"), ("sched_dep_time", "INTEGER"),
-                                    ("dep_delay", "INTEGER"), ("arr_time", "INTEGER"),
-                                    ("sched_arr_time", "INTEGER"), ("arr_delay", "INTEGER"),
-                                    ("carrier", "TEXT"), ("flight", "INTEGER"), ("tailnum", "TEXT"),
-                                    ("origin", "TEXT"), ("dest", "TEXT"), ("air_time", "INTEGER"),
-                                    ("distance", "INTEGER"), ("hour", "INTEGER"), ("minute", "INTEGER"),
-                                    ("time_hour", "TEXT")], None),
+    (
+        "airports.csv",
+        "airports",
+        [
+            ("faa", "TEXT"),
+            ("name", "TEXT"),
+            ("lat", "REAL"),
+            ("lon", "REAL"),
+            ("alt", "INTEGER"),
+            ("tz", "INTEGER"),
+            ("dst", "TEXT"),
+            ("tzone", "TEXT"),
+        ],
+        "faa",
+    ),
+    (
+        "planes.csv",
+        "planes",
+        [
+            ("tailnum", "TEXT"),
+            ("year", "INTEGER"),
+            ("type", "TEXT"),
+            ("manufacturer", "TEXT"),
+            ("model", "TEXT"),
+            ("engines", "INTEGER"),
+            ("seats", "INTEGER"),
+            ("speed", "INTEGER"),
+            ("engine", "TEXT"),
+        ],
+        "tailnum",
+    ),
+    (
+        "weather.csv",
+        "weather",
+        [
+            ("origin", "TEXT"),
+            ("year", "INTEGER"),
+            ("month", "INTEGER"),
+            ("day", "INTEGER"),
+            ("hour", "INTEGER"),
+            ("temp", "REAL"),
+            ("dewp", "REAL"),
+            ("humid", "REAL"),
+            ("wind_dir", "INTEGER"),
+            ("wind_speed", "REAL"),
+            ("wind_gust", "REAL"),
+            ("precip", "REAL"),
+            ("pressure", "REAL"),
+            ("visib", "REAL"),
+            ("time_hour", "TEXT"),
+        ],
+        None,
+    ),
+    (
+        "flights.csv.zip",
+        "flights",
+        [
+            ("year", "INTEGER"),
+            ("month", "INTEGER"),
+            ("day", "INTEGER"),
+            ("dep_time", "INTEGER"),
+            ("sched_dep_time", "INTEGER"),
+            ("dep_delay", "INTEGER"),
+            ("arr_time", "INTEGER"),
+            ("sched_arr_time", "INTEGER"),
+            ("arr_delay", "INTEGER"),
+            ("carrier", "TEXT"),
+            ("flight", "INTEGER"),
+            ("tailnum", "TEXT"),
+            ("origin", "TEXT"),
+            ("dest", "TEXT"),
+            ("air_time", "INTEGER"),
+            ("distance", "INTEGER"),
+            ("hour", "INTEGER"),
+            ("minute", "INTEGER"),
+            ("time_hour", "TEXT"),
+        ],
+        None,
+    ),
 ]
 FLIGHTS_FOREIGN_KEYS = {
-    "flights": ["FOREIGN KEY (carrier) REFERENCES airlines (carrier)",
-                "FOREIGN KEY (tailnum) REFERENCES planes (tailnum)",
-                "FOREIGN KEY (origin) REFERENCES airports (faa)",
-                "FOREIGN KEY (dest) REFERENCES airports (faa)"],
+    "flights": [
+        "FOREIGN KEY (carrier) REFERENCES airlines (carrier)",
+        "FOREIGN KEY (tailnum) REFERENCES planes (tailnum)",
+        "FOREIGN KEY (origin) REFERENCES airports (faa)",
+        "FOREIGN KEY (dest) REFERENCES airports (faa)",
+    ],
     "weather": ["FOREIGN KEY (origin) REFERENCES airports (faa)"],
 }
 
@@ -203,6 +323,7 @@ def _check_header(rows: Iterator[dict[str, str]], src: Path, header: list[str]) 
 
 
 # --- shared ----------------------------------------------------------------------------------
+
 
 @contextmanager
 def _new_db(path: Path) -> Iterator[sqlite3.Connection]:

@@ -13,6 +13,7 @@ leaves no SQL at all.
     extract_sql("<think>count them</think>\\n```sql\\nSELECT COUNT(*) FROM t;\\n```\\nDone.")
     'SELECT COUNT(*) FROM t'
 """
+
 from __future__ import annotations
 
 import re

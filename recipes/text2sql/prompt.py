@@ -8,6 +8,7 @@
 The worked examples always show only their relevant tables, so that shots cost little even when
 the question itself gets the whole schema.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -22,17 +23,20 @@ SYSTEM_THINK = (
     "knowledge) and a question, write one SQLite query that answers the question. Select only the "
     "columns the question asks for.\n"
     "Answer format: reason briefly inside <think>...</think>, then give the final query in a "
-    "```sql code block.")
+    "```sql code block."
+)
 SYSTEM_PREFILL = (
     "You are an expert SQLite developer. Given a database schema, optional evidence (external "
     "knowledge) and a question, write one SQLite query that answers the question. Select only the "
     "columns the question asks for.\n"
-    "Answer with the query alone in a ```sql code block.")
+    "Answer with the query alone in a ```sql code block."
+)
 
 
 @dataclass(frozen=True)
 class Shot:
     """A worked example: its question, evidence and gold SQL, and its database."""
+
     question: str
     evidence: str
     sql: str
@@ -55,8 +59,15 @@ def assistant_answer(sql: str, db_path: Path, prefill: bool) -> str:
     return f"<think>\nThe question needs the table(s) {tables}.\n</think>\n```sql\n{sql}\n```"
 
 
-def build_messages(question: str, evidence: str, db_path: Path, tables: list[str] | None,
-                   shots: list[Shot], prefill: bool, num_values: int) -> list[dict[str, str]]:
+def build_messages(
+    question: str,
+    evidence: str,
+    db_path: Path,
+    tables: list[str] | None,
+    shots: list[Shot],
+    prefill: bool,
+    num_values: int,
+) -> list[dict[str, str]]:
     messages = [{"role": "system", "content": SYSTEM_PREFILL if prefill else SYSTEM_THINK}]
     for shot in shots:
         shot_schema = schema_prompt(shot.db_path, tables_in_sql(shot.sql, shot.db_path), num_values)

@@ -13,6 +13,7 @@ The small credits give GRPO a gradient before the first exact match; format cred
 default because a pre-filled "```sql\\nSELECT" makes nearly every completion well-formed.
 Predicted SQL runs in the sandbox (`sandbox.py`); gold results are cached per (db, SQL).
 """
+
 from __future__ import annotations
 
 import functools
@@ -27,9 +28,9 @@ from recipes.text2sql.sandbox import ExecResult, SQLSandbox, default_sandbox
 @dataclass(frozen=True)
 class RewardOptions:
     execution_credit: float = 0.1  # the SQL runs but its result differs from the gold's
-    format_credit: float = 0.0     # the SQL parses but does not run
-    timeout_s: float = 30.0        # per query, as BIRD's evaluation (meta_time_out=30)
-    transpile: bool = True         # retry SQL that fails in SQLite as transpiled from other dialects
+    format_credit: float = 0.0  # the SQL parses but does not run
+    timeout_s: float = 30.0  # per query, as BIRD's evaluation (meta_time_out=30)
+    transpile: bool = True  # retry SQL that fails in SQLite as transpiled from other dialects
 
     @classmethod
     def from_dict(cls, d: Mapping[str, object] | None) -> RewardOptions:
@@ -60,8 +61,7 @@ def _gold_result(db_path: str, mtime_ns: int, gold_sql: str, timeout_s: float) -
     return default_sandbox().execute(db_path, gold_sql, timeout_s)
 
 
-def gold_result(db_path: str, gold_sql: str, timeout_s: float = 30.0,
-                sandbox: SQLSandbox | None = None) -> ExecResult:
+def gold_result(db_path: str, gold_sql: str, timeout_s: float = 30.0, sandbox: SQLSandbox | None = None) -> ExecResult:
     if sandbox is not None:
         return sandbox.execute(db_path, gold_sql, timeout_s)
     try:
@@ -71,8 +71,9 @@ def gold_result(db_path: str, gold_sql: str, timeout_s: float = 30.0,
     return _gold_result(str(db_path), mtime_ns, gold_sql, float(timeout_s))
 
 
-def execution_match(pred_sql: str, gold_sql: str, db_path: str, timeout_s: float = 30.0,
-                    sandbox: SQLSandbox | None = None) -> bool:
+def execution_match(
+    pred_sql: str, gold_sql: str, db_path: str, timeout_s: float = 30.0, sandbox: SQLSandbox | None = None
+) -> bool:
     """Whether `pred_sql` returns the same set of rows as `gold_sql` on `db_path` (the SQL as
     written, no dialect rewriting; that is `score`'s business)."""
     box = sandbox or default_sandbox()
@@ -82,8 +83,7 @@ def execution_match(pred_sql: str, gold_sql: str, db_path: str, timeout_s: float
     return results_match(box.execute(db_path, pred_sql, timeout_s), gold)
 
 
-def run_prediction(pred_sql: str, db_path: str, opts: RewardOptions,
-                   sandbox: SQLSandbox | None = None) -> ExecResult:
+def run_prediction(pred_sql: str, db_path: str, opts: RewardOptions, sandbox: SQLSandbox | None = None) -> ExecResult:
     """Runs `pred_sql`; if SQLite rejects it (not a timeout or a denial), retries its rewrites
     from other dialects and returns the first that runs, else the first failure."""
     box = sandbox or default_sandbox()

@@ -16,6 +16,7 @@ Known limits: the per-query memory cap is an address-space limit (RLIMIT_AS), so
 where that is not available; SQLite's own CPU use between progress callbacks is bounded only by
 the parent's hard timeout.
 """
+
 from __future__ import annotations
 
 import atexit
@@ -40,6 +41,7 @@ Row = tuple
 class ExecResult:
     """The outcome of one query. `kind` is "" when ok, else one of: "syntax", "error", "denied",
     "timeout", "too_many_rows", "crash"."""
+
     ok: bool
     rows: tuple[Row, ...] = ()
     kind: str = ""
@@ -58,8 +60,12 @@ class _Worker:
         # cwd is a private empty folder, so even a relative path that slipped through names nothing.
         return subprocess.Popen(
             [sys.executable, "-I", str(WORKER_SCRIPT), str(self.memory_limit_mb)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-            cwd=self.workdir, close_fds=True)
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            cwd=self.workdir,
+            close_fds=True,
+        )
 
     @property
     def pid(self) -> int | None:
@@ -75,8 +81,9 @@ class _Worker:
             ready, _, _ = select.select([self.proc.stdout], [], [], hard_timeout_s)
             if not ready:
                 self.kill()
-                return ExecResult(False, kind="timeout",
-                                  error=f"no answer within {hard_timeout_s:.1f}s; worker killed and replaced")
+                return ExecResult(
+                    False, kind="timeout", error=f"no answer within {hard_timeout_s:.1f}s; worker killed and replaced"
+                )
             line = self.proc.stdout.readline()
         except (BrokenPipeError, OSError) as e:
             self.kill()
@@ -108,8 +115,9 @@ def _decode(resp: dict) -> ExecResult:
 class SQLSandbox:
     """A pool of `num_workers` SQL worker processes; safe to call from many threads at once."""
 
-    def __init__(self, num_workers: int | None = None, max_rows: int = 100_000,
-                 memory_limit_mb: int = 2048, grace_s: float = 5.0) -> None:
+    def __init__(
+        self, num_workers: int | None = None, max_rows: int = 100_000, memory_limit_mb: int = 2048, grace_s: float = 5.0
+    ) -> None:
         num_workers = num_workers or min(4, os.cpu_count() or 1)
         if num_workers < 1:
             raise ValueError(f"num_workers must be >= 1, got {num_workers}")
@@ -147,15 +155,21 @@ class SQLSandbox:
         finally:
             self._idle.put(worker)
 
-    def execute_many(self, queries: Sequence[tuple[str | os.PathLike, str]], timeout_s: float = 30.0,
-                     on_done: Callable[[], None] | None = None) -> list[ExecResult]:
+    def execute_many(
+        self,
+        queries: Sequence[tuple[str | os.PathLike, str]],
+        timeout_s: float = 30.0,
+        on_done: Callable[[], None] | None = None,
+    ) -> list[ExecResult]:
         """Runs (db_path, sql) pairs across the workers; results in input order. `on_done` is
         called once per finished query (a progress bar's update)."""
+
         def one(q: tuple[str | os.PathLike, str]) -> ExecResult:
             res = self.execute(q[0], q[1], timeout_s)
             if on_done is not None:
                 on_done()
             return res
+
         if len(queries) <= 1:
             return [one(q) for q in queries]
         with ThreadPoolExecutor(max_workers=self.num_workers) as pool:

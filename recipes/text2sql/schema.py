@@ -10,6 +10,7 @@ few sample values per column, and the schema-pruning stand-in (`tables_in_sql`).
 These read trusted databases with our own SQL (identifiers come from sqlite_master), so they use
 a plain read-only connection, not the sandbox.
 """
+
 from __future__ import annotations
 
 import functools
@@ -47,8 +48,9 @@ def _connect(db_path: str | Path) -> Iterator[sqlite3.Connection]:
 @functools.lru_cache(maxsize=256)
 def table_names(db_path: str) -> tuple[str, ...]:
     with _connect(db_path) as conn:
-        rows = conn.execute("SELECT name FROM sqlite_master WHERE type = 'table' "
-                            "AND name NOT LIKE 'sqlite_%' ORDER BY rowid").fetchall()
+        rows = conn.execute(
+            "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%' ORDER BY rowid"
+        ).fetchall()
     return tuple(r[0] for r in rows)
 
 
@@ -80,8 +82,13 @@ def _create_table(conn: sqlite3.Connection, table: str, num_values: int) -> str:
         lines.append([f"PRIMARY KEY ({', '.join(map(quote_ident, pk_cols))})", ""])
     for fk in fks:
         ref_col = quote_ident(fk[4]) if fk[4] else ""
-        lines.append([f"FOREIGN KEY ({quote_ident(fk[3])}) REFERENCES {quote_ident(fk[2])}"
-                      f"{f' ({ref_col})' if ref_col else ''}", ""])
+        lines.append(
+            [
+                f"FOREIGN KEY ({quote_ident(fk[3])}) REFERENCES {quote_ident(fk[2])}"
+                f"{f' ({ref_col})' if ref_col else ''}",
+                "",
+            ]
+        )
     body = []
     for i, (line, comment) in enumerate(lines):
         sep = "," if i < len(lines) - 1 else ""
@@ -93,8 +100,7 @@ def _sample_comment(conn: sqlite3.Connection, q_table: str, column: str, num_val
     if num_values <= 0:
         return ""
     c = quote_ident(column)
-    values = conn.execute(f"SELECT DISTINCT {c} FROM {q_table} WHERE {c} IS NOT NULL LIMIT ?",
-                          (num_values,)).fetchall()
+    values = conn.execute(f"SELECT DISTINCT {c} FROM {q_table} WHERE {c} IS NOT NULL LIMIT ?", (num_values,)).fetchall()
     return "e.g. " + ", ".join(_literal(v[0]) for v in values) if values else "all NULL"
 
 
@@ -113,8 +119,7 @@ def _schema_prompt(db_path: str, tables: tuple[str, ...] | None, num_values: int
         return "\n\n".join(_create_table(conn, t, num_values) for t in chosen)
 
 
-def schema_prompt(db_path: str | Path, tables: list[str] | tuple[str, ...] | None = None,
-                  num_values: int = 3) -> str:
+def schema_prompt(db_path: str | Path, tables: list[str] | tuple[str, ...] | None = None, num_values: int = 3) -> str:
     """CREATE TABLE statements for `tables` (all tables when None), in the database's order,
     each column commented with up to `num_values` distinct sample values."""
     key = tuple(sorted(tables, key=str.lower)) if tables is not None else None

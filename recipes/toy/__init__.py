@@ -7,25 +7,57 @@ moves it up within a few steps, so the loop's plumbing shows a learning signal i
     load_examples("train", num_examples=32, prompt_words=4, seed=0)
     reward("aeiou x", {"target": "aeiou"}) == 5 / 6
 """
+
 from __future__ import annotations
 
 import random
 from typing import Any
 
-WORDS = ["the", "quick", "brown", "fox", "jumps", "over", "lazy", "dog", "select", "count", "from", "tracks",
-         "where", "genre", "rock", "albums", "artist", "answer", "paris", "born", "plus", "minus", "times"]
+WORDS = [
+    "the",
+    "quick",
+    "brown",
+    "fox",
+    "jumps",
+    "over",
+    "lazy",
+    "dog",
+    "select",
+    "count",
+    "from",
+    "tracks",
+    "where",
+    "genre",
+    "rock",
+    "albums",
+    "artist",
+    "answer",
+    "paris",
+    "born",
+    "plus",
+    "minus",
+    "times",
+]
 SPLITS = ("train", "test")
 
 
-def load_examples(split: str, num_examples: int = 64, prompt_words: int = 4, target: str = "aeiou",
-                  seed: int = 0, filler_words: int = 0) -> list[dict]:
+def load_examples(
+    split: str,
+    num_examples: int = 64,
+    prompt_words: int = 4,
+    target: str = "aeiou",
+    seed: int = 0,
+    filler_words: int = 0,
+) -> list[dict]:
     """`filler_words` > 0 prepends that many words of shared context to every prompt (long-prompt
     benchmarks: the G responses of a prompt share it)."""
     if split not in SPLITS:
         raise ValueError(f"toy: split={split!r}; expected one of {list(SPLITS)}")
     if num_examples < 1 or prompt_words < 1 or filler_words < 0:
-        raise ValueError(f"toy: num_examples={num_examples}, prompt_words={prompt_words}, "
-                         f"filler_words={filler_words}: need >= 1, >= 1, >= 0")
+        raise ValueError(
+            f"toy: num_examples={num_examples}, prompt_words={prompt_words}, "
+            f"filler_words={filler_words}: need >= 1, >= 1, >= 0"
+        )
     if not target:
         raise ValueError("toy: target must be a non-empty string of characters")
     rng = random.Random(f"{seed}-{split}")
@@ -34,8 +66,14 @@ def load_examples(split: str, num_examples: int = 64, prompt_words: int = 4, tar
         words = " ".join(rng.choice(WORDS) for _ in range(prompt_words))
         filler = " ".join(rng.choice(WORDS) for _ in range(filler_words))
         content = (filler + "\n" if filler else "") + f"repeat: {words}"
-        out.append({"id": f"toy-{split}-{i}", "messages": [{"role": "user", "content": content}],
-                    "assistant_prefix": "", "target": target})
+        out.append(
+            {
+                "id": f"toy-{split}-{i}",
+                "messages": [{"role": "user", "content": content}],
+                "assistant_prefix": "",
+                "target": target,
+            }
+        )
     return out
 
 

@@ -2,6 +2,7 @@
 and reference. See docs/frameworks.md. Importing this package (e.g. through verl's
 `VERL_USE_EXTERNAL_MODULES=recipes.verl`) registers the rollout backend name "arctic" in verl's
 `RolloutReplicaRegistry`; `python -m recipes.verl.main` is the task runner that wires the worker classes."""
+
 from __future__ import annotations
 
 
@@ -10,6 +11,7 @@ def register() -> None:
 
     def _load():
         from recipes.verl.rollout import ArcticReplica
+
         return ArcticReplica
 
     RolloutReplicaRegistry.register("arctic", _load)

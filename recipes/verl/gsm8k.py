@@ -5,6 +5,7 @@ so verl's own GSM8K rule reward (verl.utils.reward_score.gsm8k) scores it.
 
     python -m recipes.verl.gsm8k --out runs/verl-data [--train path/train.jsonl --test path/test.jsonl]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -14,7 +15,7 @@ import re
 from pathlib import Path
 
 DATA_DIR = Path(__file__).parent / "data"
-INSTRUCTION = "Let's think step by step and output the final answer after \"####\"."
+INSTRUCTION = 'Let\'s think step by step and output the final answer after "####".'
 DATA_SOURCE = "openai/gsm8k"
 
 
@@ -55,12 +56,16 @@ def extract_solution(answer: str) -> str:
 
 
 def to_verl_rows(rows: list[dict], split: str) -> list[dict]:
-    return [{"data_source": DATA_SOURCE,
-             "prompt": [{"role": "user", "content": r["question"] + " " + INSTRUCTION}],
-             "ability": "math",
-             "reward_model": {"style": "rule", "ground_truth": extract_solution(r["answer"])},
-             "extra_info": {"split": split, "index": i, "answer": r["answer"], "question": r["question"]}}
-            for i, r in enumerate(rows)]
+    return [
+        {
+            "data_source": DATA_SOURCE,
+            "prompt": [{"role": "user", "content": r["question"] + " " + INSTRUCTION}],
+            "ability": "math",
+            "reward_model": {"style": "rule", "ground_truth": extract_solution(r["answer"])},
+            "extra_info": {"split": split, "index": i, "answer": r["answer"], "question": r["question"]},
+        }
+        for i, r in enumerate(rows)
+    ]
 
 
 def write_parquet(rows: list[dict], path: Path) -> Path:
@@ -73,14 +78,21 @@ def write_parquet(rows: list[dict], path: Path) -> Path:
     return path
 
 
-def prepare(out: str | Path, train: str | Path | None = None, test: str | Path | None = None,
-            max_train: int | None = None, max_test: int | None = None) -> tuple[Path, Path]:
+def prepare(
+    out: str | Path,
+    train: str | Path | None = None,
+    test: str | Path | None = None,
+    max_train: int | None = None,
+    max_test: int | None = None,
+) -> tuple[Path, Path]:
     """Writes <out>/train.parquet and <out>/test.parquet; default input: the shipped arithmetic set."""
     out = Path(out)
     tr = read_jsonl(Path(train) if train else DATA_DIR / "arith_train.jsonl")[:max_train]
     te = read_jsonl(Path(test) if test else DATA_DIR / "arith_test.jsonl")[:max_test]
-    return (write_parquet(to_verl_rows(tr, "train"), out / "train.parquet"),
-            write_parquet(to_verl_rows(te, "test"), out / "test.parquet"))
+    return (
+        write_parquet(to_verl_rows(tr, "train"), out / "train.parquet"),
+        write_parquet(to_verl_rows(te, "test"), out / "test.parquet"),
+    )
 
 
 def main(argv=None) -> None:

@@ -14,6 +14,7 @@ outputs back with `no_padding_2_padding` (values over each sequence's real token
   samples_to_dataproto(...) -> DataProto      `generate` output in verl's rollout layout (prompts left-padded
                                                to prompt_length, responses right-padded to response_length)
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -26,6 +27,7 @@ FLOAT_KEYS = ("old_log_probs", "advantages", "ref_log_prob", "rollout_log_probs"
 
 def _get(td, key: str, default=None):
     from verl.utils import tensordict_utils as tu
+
     return tu.get(td, key, default)
 
 
@@ -50,7 +52,7 @@ def to_arctic(data) -> dict[str, Any]:
     if "response_mask" in td.keys():
         batch["response_mask"] = td["response_mask"]
     else:
-        batch["response_mask"] = td["attention_mask"][:, -responses.shape[1]:]
+        batch["response_mask"] = td["attention_mask"][:, -responses.shape[1] :]
     pos = td["position_ids"] if "position_ids" in td.keys() else None
     if pos is not None and not pos.is_nested and pos.dim() == 2:
         batch["position_ids"] = pos
@@ -74,13 +76,19 @@ def to_no_padding(x_BR: torch.Tensor, td) -> torch.Tensor:
     rows = []
     for i, (p, r) in enumerate(zip(prompt_lens, resp_lens)):
         row = x_BR.new_zeros(p + r)
-        row[p - 1:p - 1 + r] = x_BR[i, :r]
+        row[p - 1 : p - 1 + r] = x_BR[i, :r]
         rows.append(row)
     return torch.nested.as_nested_tensor(rows, layout=torch.jagged)
 
 
-def samples_to_dataproto(samples: list[dict], prompt_length: int, response_length: int, pad_token_id: int,
-                         scores: list[float] | None = None, non_tensor: dict | None = None):
+def samples_to_dataproto(
+    samples: list[dict],
+    prompt_length: int,
+    response_length: int,
+    pad_token_id: int,
+    scores: list[float] | None = None,
+    non_tensor: dict | None = None,
+):
     """`generate` samples (one per row, in row order) in verl's rollout output layout, with `rm_scores`
     (the score on each row's last response token, where verl's agent loop puts it) when scores are given."""
     from verl import DataProto
@@ -95,18 +103,24 @@ def samples_to_dataproto(samples: list[dict], prompt_length: int, response_lengt
     for i, s in enumerate(samples):
         p = list(s["prompt_token_ids"])[-P:]  # verl truncates prompts from the left ("left" truncation)
         r = list(s["token_ids"])[:R]
-        prompts[i, P - len(p):] = torch.tensor(p, dtype=torch.long)
-        pmask[i, P - len(p):] = 1
+        prompts[i, P - len(p) :] = torch.tensor(p, dtype=torch.long)
+        pmask[i, P - len(p) :] = 1
         if r:
-            responses[i, :len(r)] = torch.tensor(r, dtype=torch.long)
-            rmask[i, :len(r)] = 1
+            responses[i, : len(r)] = torch.tensor(r, dtype=torch.long)
+            rmask[i, : len(r)] = 1
             if s.get("logprobs"):
-                rlp[i, :len(r)] = torch.tensor(list(s["logprobs"])[:len(r)], dtype=torch.float32)
+                rlp[i, : len(r)] = torch.tensor(list(s["logprobs"])[: len(r)], dtype=torch.float32)
     attention_mask = torch.cat([pmask, rmask], dim=1)
     position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
-    tensors = {"prompts": prompts, "responses": responses, "input_ids": torch.cat([prompts, responses], 1),
-               "attention_mask": attention_mask, "position_ids": position_ids, "response_mask": rmask,
-               "rollout_log_probs": rlp}
+    tensors = {
+        "prompts": prompts,
+        "responses": responses,
+        "input_ids": torch.cat([prompts, responses], 1),
+        "attention_mask": attention_mask,
+        "position_ids": position_ids,
+        "response_mask": rmask,
+        "rollout_log_probs": rlp,
+    }
     if scores is not None:
         rm = torch.zeros(B, R, dtype=torch.float32)
         last = (rmask.sum(1) - 1).clamp(min=0)
@@ -123,6 +137,11 @@ def dataproto_to_samples(data) -> list[dict]:
     out = []
     for i in range(td["prompts"].shape[0]):
         pm, rm = mask[i, :P].bool(), td["response_mask"][i].bool()
-        out.append({"prompt_token_ids": td["prompts"][i][pm].tolist(), "token_ids": td["responses"][i][rm].tolist(),
-                    "logprobs": td["rollout_log_probs"][i][rm].tolist() if "rollout_log_probs" in td.keys() else None})
+        out.append(
+            {
+                "prompt_token_ids": td["prompts"][i][pm].tolist(),
+                "token_ids": td["responses"][i][rm].tolist(),
+                "logprobs": td["rollout_log_probs"][i][rm].tolist() if "rollout_log_probs" in td.keys() else None,
+            }
+        )
     return out

@@ -12,6 +12,7 @@ MLflow: verl's logger opens the run (`trainer.project_name` is the experiment); 
 `MLFLOW_RUN_CONTEXT` (a JSON dict of tags `mlflow.start_run` applies). Tags already in `MLFLOW_RUN_CONTEXT`
 win; recipe defaults to `ARCTIC_RL_RECIPE`, else `trainer.project_name`.
 """
+
 from __future__ import annotations
 
 import os
@@ -20,11 +21,11 @@ from pathlib import Path
 
 import hydra
 import ray
+import verl
 from omegaconf import OmegaConf, open_dict
+from verl.trainer.main_ppo_v0 import BaseTaskRunner
 
 import recipes.verl  # noqa: F401  registers the "arctic" rollout backend
-import verl
-from verl.trainer.main_ppo_v0 import BaseTaskRunner
 
 VERL_CONFIG_DIR = str(Path(verl.__file__).parent / "trainer" / "config")
 ARCTIC_DEFAULTS = {
@@ -50,8 +51,9 @@ def set_mlflow_run_context(config, backend: str = "arctic-rl") -> dict[str, str]
     """The standard run tags (arctic_rl.tracking) for a verl run, put where verl's MLflow logger applies them."""
     from arctic_rl.tracking import FRAMEWORK_VERL, set_run_context
 
-    return set_run_context(FRAMEWORK_VERL, backend, str(config.trainer.project_name),
-                           str(config.actor_rollout_ref.model.path))
+    return set_run_context(
+        FRAMEWORK_VERL, backend, str(config.trainer.project_name), str(config.actor_rollout_ref.model.path)
+    )
 
 
 class ArcticResourcePoolManager:
@@ -67,8 +69,9 @@ class ArcticResourcePoolManager:
                 for name, procs in self.resource_pool_spec.items():
                     # One CPU per bundle: the worker is one client process (verl's default asks for
                     # max_colocate_count CPUs, 3, more than a small node of a job's Ray cluster may have).
-                    self.resource_pool_dict[name] = RayResourcePool(process_on_nodes=procs, use_gpu=False,
-                                                                    max_colocate_count=1, name_prefix=name)
+                    self.resource_pool_dict[name] = RayResourcePool(
+                        process_on_nodes=procs, use_gpu=False, max_colocate_count=1, name_prefix=name
+                    )
 
         return _Mgr(resource_pool_spec=spec, mapping=mapping)
 
@@ -101,15 +104,34 @@ class _ArcticTaskRunner(BaseTaskRunner):
         _, wg_cls = self.add_actor_rollout_worker(config)
         model_config: HFModelConfig = omega_conf_to_dataclass(config.actor_rollout_ref.model)
         tokenizer, processor = model_config.tokenizer, model_config.processor
-        train = create_rl_dataset(config.data.train_files, config.data, tokenizer, processor, is_train=True,
-                                  max_samples=config.data.get("train_max_samples", -1))
-        val = create_rl_dataset(config.data.val_files, config.data, tokenizer, processor, is_train=False,
-                                max_samples=config.data.get("val_max_samples", -1))
-        trainer = RayPPOTrainer(config=config, tokenizer=tokenizer, processor=processor,
-                                role_worker_mapping=self.role_worker_mapping,
-                                resource_pool_manager=self.init_resource_pool_mgr(config), ray_worker_group_cls=wg_cls,
-                                train_dataset=train, val_dataset=val, collate_fn=collate_fn,
-                                train_sampler=create_rl_sampler(config.data, train))
+        train = create_rl_dataset(
+            config.data.train_files,
+            config.data,
+            tokenizer,
+            processor,
+            is_train=True,
+            max_samples=config.data.get("train_max_samples", -1),
+        )
+        val = create_rl_dataset(
+            config.data.val_files,
+            config.data,
+            tokenizer,
+            processor,
+            is_train=False,
+            max_samples=config.data.get("val_max_samples", -1),
+        )
+        trainer = RayPPOTrainer(
+            config=config,
+            tokenizer=tokenizer,
+            processor=processor,
+            role_worker_mapping=self.role_worker_mapping,
+            resource_pool_manager=self.init_resource_pool_mgr(config),
+            ray_worker_group_cls=wg_cls,
+            train_dataset=train,
+            val_dataset=val,
+            collate_fn=collate_fn,
+            train_sampler=create_rl_sampler(config.data, train),
+        )
         trainer.init_workers()
         trainer.async_rollout_manager.attach(trainer.actor_rollout_wg)
         set_mlflow_run_context(config)  # the logger is opened in fit(), in this process
@@ -124,8 +146,8 @@ ArcticTaskRunner = ray.remote(num_cpus=0)(_ArcticTaskRunner)
 
 def run(config) -> None:
     from verl.trainer.main_ppo import run_ppo
-    from verl.utils.config import validate_config
     from verl.trainer.ppo.utils import need_critic, need_reference_policy
+    from verl.utils.config import validate_config
 
     apply_arctic_defaults(config)
     validate_config(config=config, use_reference_policy=need_reference_policy(config), use_critic=need_critic(config))

@@ -14,6 +14,7 @@ An example with `assistant_prefix` (text2sql `prefill: true`) is refused: verl's
 generation prompt, with no assistant pre-fill, so the reward would score text the model never saw.
 Paths in examples (text2sql `db_path`) must be readable where verl's reward workers run.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -42,15 +43,20 @@ def to_verl_rows(recipe: str, examples: list[dict], split: str) -> list[dict]:
     rows = []
     for i, ex in enumerate(examples):
         if ex.get("assistant_prefix"):
-            raise ValueError(f"{recipe} example {i} has assistant_prefix {ex['assistant_prefix']!r} (prefill): "
-                             "verl's rollout does not pre-fill the assistant turn; set the recipe option prefill=false")
+            raise ValueError(
+                f"{recipe} example {i} has assistant_prefix {ex['assistant_prefix']!r} (prefill): "
+                "verl's rollout does not pre-fill the assistant turn; set the recipe option prefill=false"
+            )
         rest = {k: v for k, v in ex.items() if k != "messages"}
-        rows.append({"data_source": DATA_SOURCE_PREFIX + recipe,
-                     "prompt": [{"role": m["role"], "content": m["content"]} for m in ex["messages"]],
-                     "ability": ABILITY.get(recipe, recipe),
-                     "reward_model": {"style": "rule", "ground_truth": ground_truth(recipe, ex)},
-                     "extra_info": {"recipe": recipe, "split": split, "index": i,
-                                    "example": json.dumps(rest, default=str)}})
+        rows.append(
+            {
+                "data_source": DATA_SOURCE_PREFIX + recipe,
+                "prompt": [{"role": m["role"], "content": m["content"]} for m in ex["messages"]],
+                "ability": ABILITY.get(recipe, recipe),
+                "reward_model": {"style": "rule", "ground_truth": ground_truth(recipe, ex)},
+                "extra_info": {"recipe": recipe, "split": split, "index": i, "example": json.dumps(rest, default=str)},
+            }
+        )
     return rows
 
 
@@ -67,8 +73,15 @@ def recipe_options(config: str | Path | None, overrides: list[str] = ()) -> dict
     return opts
 
 
-def prepare(recipe: str, out: str | Path, options: dict[str, Any] | None = None, train_split: str = "train",
-            val_split: str = "dev", max_train: int | None = None, max_val: int | None = None) -> tuple[Path, Path]:
+def prepare(
+    recipe: str,
+    out: str | Path,
+    options: dict[str, Any] | None = None,
+    train_split: str = "train",
+    val_split: str = "dev",
+    max_train: int | None = None,
+    max_val: int | None = None,
+) -> tuple[Path, Path]:
     module = importlib.import_module(f"recipes.{recipe}")
     out = Path(out)
     paths = []
@@ -92,8 +105,9 @@ def main(argv=None) -> None:
     ap.add_argument("--max-val", type=int)
     a = ap.parse_args(argv)
     val_split = a.val_split or ("dev" if a.recipe == "text2sql" else "validation")
-    tr, va = prepare(a.recipe, a.out, recipe_options(a.config, a.option), a.train_split, val_split,
-                     a.max_train, a.max_val)
+    tr, va = prepare(
+        a.recipe, a.out, recipe_options(a.config, a.option), a.train_split, val_split, a.max_train, a.max_val
+    )
     print(f"verl data for {a.recipe}: {tr} {va}")
 
 

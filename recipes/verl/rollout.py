@@ -9,13 +9,13 @@
 - `ArcticCheckpointManager` (`+actor_rollout_ref.rollout.checkpoint_manager_class=...`): `update_weights` is
   arctic-rl's `sync_weights` (trainer -> samplers, checked); sleep/wake are no-ops.
 """
+
 from __future__ import annotations
 
 import time
 
 import numpy as np
 import ray
-
 from verl.workers.rollout.replica import RolloutReplica
 
 from recipes.verl.layout import samples_to_dataproto
@@ -80,6 +80,7 @@ class ArcticAgentLoopManager:
     def tokenizer(self):
         if self._tokenizer is None:
             from transformers import AutoTokenizer
+
             m = self.config.actor_rollout_ref.model
             self._tokenizer = AutoTokenizer.from_pretrained(m.get("tokenizer_path") or m.path)
         return self._tokenizer
@@ -97,14 +98,16 @@ class ArcticAgentLoopManager:
         B = len(raw)
         n = int(rc.n)
         # The trainer repeats each prompt n times, interleaved: sample n per prompt in one request when it did.
-        grouped = n > 1 and B % n == 0 and all(
-            list(raw[i]) == list(raw[i - i % n]) for i in range(B))
+        grouped = n > 1 and B % n == 0 and all(list(raw[i]) == list(raw[i - i % n]) for i in range(B))
         heads = list(range(0, B, n)) if grouped else list(range(B))
         prompts = [self._prompt_ids(raw[i]) for i in heads]
         val = bool(gen_batch.meta_info.get("validate", False))
-        params = {"n": n if grouped else 1, "max_tokens": int(rc.response_length),
-                  "temperature": float(rc.val_kwargs.temperature if val else rc.temperature),
-                  "top_p": float(rc.val_kwargs.top_p if val else rc.top_p)}
+        params = {
+            "n": n if grouped else 1,
+            "max_tokens": int(rc.response_length),
+            "temperature": float(rc.val_kwargs.temperature if val else rc.temperature),
+            "top_p": float(rc.val_kwargs.top_p if val else rc.top_p),
+        }
         if int(rc.get("top_k", -1) or -1) > 0:
             params["top_k"] = int(rc.top_k)
         step = int(gen_batch.meta_info.get("global_steps", 0))
@@ -113,8 +116,11 @@ class ArcticAgentLoopManager:
         samples = self._client.generate(prompts, params)
         gen_s = time.perf_counter() - t0
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
-        keep = {k: v for k, v in gen_batch.non_tensor_batch.items()
-                if k in ("data_source", "reward_model", "extra_info", "uid", "raw_prompt")}
+        keep = {
+            k: v
+            for k, v in gen_batch.non_tensor_batch.items()
+            if k in ("data_source", "reward_model", "extra_info", "uid", "raw_prompt")
+        }
         out = samples_to_dataproto(samples, int(rc.prompt_length), int(rc.response_length), pad, non_tensor=keep)
         t0 = time.perf_counter()
         scores, extra = self._score(out)
@@ -135,8 +141,11 @@ class ArcticAgentLoopManager:
             raise RuntimeError("no verl reward loop workers were given to the agent loop manager")
         k = len(self.reward_workers)
         chunks = [list(range(i, len(data), k)) for i in range(k)]
-        refs = [w.compute_score_batch.remote(data.select_idxs(np.array(rows))) for w, rows in zip(self.reward_workers,
-                                                                                                 chunks) if rows]
+        refs = [
+            w.compute_score_batch.remote(data.select_idxs(np.array(rows)))
+            for w, rows in zip(self.reward_workers, chunks)
+            if rows
+        ]
         results = ray.get(refs)
         scores = [0.0] * len(data)
         extra: dict[str, list] = {}

@@ -6,6 +6,7 @@ save/load_checkpoint), with the same no-padding TensorDicts; each maps onto arct
 group has one process: it holds the client, and arctic-rl places and runs its own engines (DeepSpeed trainer,
 reference, vLLM samplers) on the cluster.
 """
+
 from __future__ import annotations
 
 import time
@@ -15,7 +16,6 @@ import numpy as np
 import torch
 from omegaconf import OmegaConf
 from tensordict import TensorDict
-
 from verl.single_controller.base import Worker
 from verl.single_controller.base.decorator import Dispatch, make_nd_compute_dataproto_dispatch_fn, register
 from verl.utils import tensordict_utils as tu
@@ -23,11 +23,19 @@ from verl.utils import tensordict_utils as tu
 from recipes.verl.layout import to_arctic, to_no_padding
 
 # verl actor config keys that our GRPO loss (arctic_rl/losses/grpo.py, verl semantics) reads by the same name.
-LOSS_KEYS = ("clip_ratio_low", "clip_ratio_high", "clip_ratio_c", "loss_agg_mode", "entropy_coeff", "use_kl_loss",
-             "kl_loss_coef", "kl_loss_type")
+LOSS_KEYS = (
+    "clip_ratio_low",
+    "clip_ratio_high",
+    "clip_ratio_c",
+    "loss_agg_mode",
+    "entropy_coeff",
+    "use_kl_loss",
+    "kl_loss_coef",
+    "kl_loss_type",
+)
 
 
-def client_config_from_verl(config) -> "ArcticRLClientConfig":  # noqa: F821
+def client_config_from_verl(config) -> ArcticRLClientConfig:  # noqa: F821
     """An ArcticRLClientConfig from verl's `actor_rollout_ref` config; `actor_rollout_ref.arctic` (optional,
     add it with `+actor_rollout_ref.arctic.<field>=...`) overrides any field, nested ones included."""
     from arctic_rl import ArcticRLClientConfig
@@ -35,8 +43,11 @@ def client_config_from_verl(config) -> "ArcticRLClientConfig":  # noqa: F821
     c = config
     extra = OmegaConf.to_container(c.get("arctic", None) or OmegaConf.create({}), resolve=True)
     clip = c.actor.get("grad_clip", c.actor.optim.get("clip_grad", 1.0))
-    training = {"optimizer": _optimizer_from_verl(c.actor.optim), "lr_scheduler": _scheduler_from_verl(c.actor.optim),
-                "grad_clip": float(clip or 0.0)}
+    training = {
+        "optimizer": _optimizer_from_verl(c.actor.optim),
+        "lr_scheduler": _scheduler_from_verl(c.actor.optim),
+        "grad_clip": float(clip or 0.0),
+    }
     micro = c.actor.get("ppo_micro_batch_size_per_gpu")
     if micro:
         training["micro_batch_size"] = int(micro)
@@ -67,14 +78,19 @@ def _scheduler_from_verl(optim) -> dict:
 
     kind = optim.get("lr_scheduler_type") or optim.get("warmup_style") or "constant"
     if kind not in ("constant", "cosine"):
-        raise ConfigError(f"actor_rollout_ref.actor.optim.lr_scheduler_type={kind!r}: arctic-rl runs "
-                          "'constant' or 'cosine'")
+        raise ConfigError(
+            f"actor_rollout_ref.actor.optim.lr_scheduler_type={kind!r}: arctic-rl runs 'constant' or 'cosine'"
+        )
     total = max(int(optim.get("total_training_steps", -1) or -1), 0)
     warmup = int(optim.get("lr_warmup_steps", -1) or -1)
     if warmup < 0:  # verl: a negative step count means "use the ratio"
         warmup = int(float(optim.get("lr_warmup_steps_ratio", 0.0) or 0.0) * total)
-    return {"type": kind, "warmup_steps": warmup, "total_steps": total,
-            "min_lr_ratio": float(optim.get("min_lr_ratio", 0.0) or 0.0)}
+    return {
+        "type": kind,
+        "warmup_steps": warmup,
+        "total_steps": total,
+        "min_lr_ratio": float(optim.get("min_lr_ratio", 0.0) or 0.0),
+    }
 
 
 class ArcticActorRolloutRefWorker(Worker):
@@ -167,12 +183,12 @@ class ArcticActorRolloutRefWorker(Worker):
         for _ in range(epochs):
             order = torch.randperm(B, generator=g).tolist() if shuffle else list(range(B))
             for start in range(0, B, mini):
-                rows = order[start:start + mini]
+                rows = order[start : start + mini]
                 out = self.client.forward_backward(select_rows(batch, rows), "grpo", loss_config)
                 opt = self.client.optimizer_step()
                 for k, v in out.items():
                     if k.startswith("actor/"):
-                        metrics[k[len("actor/"):]].append(float(v))
+                        metrics[k[len("actor/") :]].append(float(v))
                 metrics["grad_norm"].append(float(opt["grad_norm"]))
                 metrics["lr"].append(float(opt["lr"]))
         metrics["mfu"] = [0.0]
