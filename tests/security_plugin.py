@@ -1,4 +1,4 @@
-"""A loss plugin for tests/test_security_deploy.py: the server imports it at start (server.loss_modules),
+"""A loss plugin for tests/e2e/test_security_deploy.py: the server imports it at start (server.loss_modules),
 and requests may then name what it registers."""
 
 from __future__ import annotations

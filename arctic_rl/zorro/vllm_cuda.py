@@ -30,8 +30,8 @@ table (full blocks *before* each request's current token, so every suffix holds 
 token and FlashAttention never sees an empty key range) and reused by all layers of the step.
 
 The step logic (`plan_cascade`, `cascade_decode_varlen`) is device-agnostic: tested on CPU with a
-plain-torch paged varlen attention in place of the kernel (tests/test_cascade_attention.py, the Triton
-merge under Triton's interpreter) and on an H200 with torch's FlashAttention-2 (tests/test_gpu.py).
+plain-torch paged varlen attention in place of the kernel (tests/unit/arctic_rl/test_cascade_attention.py, the Triton
+merge under Triton's interpreter) and on an H200 with torch's FlashAttention-2 (tests/gpu/test_gpu.py).
 The backend classes need vLLM's CUDA build and have not run (vLLM was not on the GPU image we had).
 Full CUDA graphs cannot capture a data-dependent step, so the engine runs PIECEWISE graphs with
 attention eager (`arctic_rl.zorro.inference.vllm_engine_kwargs`).

@@ -1,7 +1,7 @@
 """Who may run what on a running HTTP server (one deployment for the module): the token is in no
 command line, record, checkpoint or log; checkpoint paths stay under the root and loads never unpickle
 code; plugin losses and post-processors by name; engine bugs are engine errors; close() detaches.
-tests/test_security.py checks the request rules without a deployment."""
+tests/unit/arctic_rl/test_security.py checks the request rules without a deployment."""
 
 from __future__ import annotations
 

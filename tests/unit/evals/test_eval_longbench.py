@@ -5,14 +5,14 @@ import json
 import shutil
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
+from repo_paths import REPO, TESTS
 
 from evals import longbench
 
-PRED = Path(__file__).parent / "data" / "longqa" / "longbench_pred"
-ROOT = Path(__file__).resolve().parents[1]
+PRED = TESTS / "data" / "longqa" / "longbench_pred"
+ROOT = REPO
 
 # hotpotqa: 1.0 (articles dropped) + 2/3 ([paris, france] vs [paris]) + 0 + 2/3 (not cut to its
 #   first line: [new, york, city, extra] vs [new, york]) -> 2.3333 / 4 = 58.33

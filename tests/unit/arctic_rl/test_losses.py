@@ -10,16 +10,16 @@ import importlib
 import math
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
+from repo_paths import REPO
 
 from arctic_rl.losses import LOSS_FNS, resolve_loss_fn
 from arctic_rl.losses.grpo import AGG_MODES, SUM_METRICS, agg_loss, grpo_loss
 from arctic_rl.losses.sft import sft_loss
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = REPO
 VERL_REF = REPO / ".venv" / "verl-ref"
 LENGTHS = [6, 3, 1, 6, 0, 4, 2, 5]  # one empty row: it must not count as a sequence
 B, R = len(LENGTHS), 6

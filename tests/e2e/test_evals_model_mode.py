@@ -1,17 +1,17 @@
 """`--model` mode of both evals: predictions generated with vLLM alone (no trainer deployed), then scored.
-(tests/test_training.py runs evals.bird on an `arctic-rl export` of a trained checkpoint.)"""
+(tests/e2e/test_training.py runs evals.bird on an `arctic-rl export` of a trained checkpoint.)"""
 
 from __future__ import annotations
 
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
+from repo_paths import TESTS
 
 pytestmark = pytest.mark.slow
-DATA = Path(__file__).parent / "data" / "longqa" / "longbench"
+DATA = TESTS / "data" / "longqa" / "longbench"
 
 
 def test_longbench_generates_with_vllm(tiny_llama, tmp_path):

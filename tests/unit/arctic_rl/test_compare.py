@@ -11,6 +11,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from repo_paths import REPO
 
 from arctic_rl import compare
 from arctic_rl.tracking import (
@@ -24,7 +25,7 @@ from arctic_rl.tracking import (
     Tracker,
 )
 
-VERL_REF = Path(__file__).resolve().parent.parent / ".venv" / "verl-ref"
+VERL_REF = REPO / ".venv" / "verl-ref"
 
 # Per-step seconds; step 1 is a warm-up outlier that --skip-steps 1 must drop.
 VERL_NATIVE = {

@@ -2,9 +2,9 @@
 built from them."""
 
 import json
-from pathlib import Path
 
 import pytest
+from repo_paths import TESTS
 
 from recipes import longqa
 from recipes.longqa import data
@@ -17,7 +17,7 @@ from recipes.longqa.prompts import (
 )
 from recipes.longqa.schema import Passage
 
-DATA = Path(__file__).parent / "data" / "longqa"
+DATA = TESTS / "data" / "longqa"
 
 
 @pytest.fixture

@@ -7,6 +7,7 @@ import json
 
 import pandas as pd
 import pytest
+from repo_paths import REPO
 
 from recipes.verl.recipe_data import prepare, recipe_options, to_verl_rows
 from recipes.verl.reward_fn import compute_score
@@ -66,7 +67,7 @@ def test_launch_scripts_compose_with_verl(recipe):
     from recipes.verl.main import VERL_CONFIG_DIR, apply_arctic_defaults
     from recipes.verl.worker import client_config_from_verl
 
-    root = Path(__file__).resolve().parents[1]
+    root = REPO
     cfgs = {}
     for backend in ("arctic", "native"):
         out = subprocess.run(

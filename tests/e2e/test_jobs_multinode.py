@@ -28,11 +28,12 @@ from pathlib import Path
 
 import pytest
 from mlflow.tracking import MlflowClient
+from repo_paths import REPO
 
 from jobs import slurm
 
 pytestmark = pytest.mark.slow
-REPO = Path(__file__).resolve().parent.parent
+REPO = REPO
 DOC = REPO / "docs" / "jobs.md"
 BIN = Path(sys.executable).parent
 NODES = ("arctic-n1", "arctic-n2")

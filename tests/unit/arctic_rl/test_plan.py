@@ -4,9 +4,8 @@ is sized from the config.json their recipes ship)."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
+from repo_paths import REPO
 
 from arctic_rl.cli import main as cli
 from arctic_rl.config import ArcticRLClientConfig
@@ -15,7 +14,7 @@ from arctic_rl.plan import GiB, make_plan, plan_run
 from arctic_rl.runconfig import load_run_config
 from arctic_rl.server import placement
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = REPO
 BIRD = ROOT / "recipes/text2sql/configs/bird_qwen3_32b.yaml"
 LONGQA = ROOT / "recipes/longqa/configs/longqa_qwen3_32b.yaml"
 

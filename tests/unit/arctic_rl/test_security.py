@@ -1,6 +1,6 @@
 """Who may run what on the server, checked without a deployment: the token never leaves the process
 that holds it (config JSON, deployment records, MLflow params), request validation at the real
-FastAPI app, loss and post-processor names, checkpoint paths. tests/test_security_deploy.py checks
+FastAPI app, loss and post-processor names, checkpoint paths. tests/e2e/test_security_deploy.py checks
 the same rules against a running server."""
 
 from __future__ import annotations

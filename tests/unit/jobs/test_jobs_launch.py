@@ -5,11 +5,12 @@ import sys
 from pathlib import Path
 
 import pytest
+from repo_paths import REPO
 
 from jobs import bootstrap, launch
 from jobs.components import recipe
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = REPO
 
 
 @pytest.mark.parametrize(

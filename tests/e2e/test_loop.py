@@ -11,13 +11,14 @@ from pathlib import Path
 
 import pytest
 import torch
+from repo_paths import TESTS
 
 from arctic_rl import create_arctic_rl_client, tracking
 from arctic_rl.batch import from_samples
 from arctic_rl.loop import STATE_FILE, run
 from arctic_rl.runconfig import load_run_config
 
-TINY = Path(__file__).resolve().parent / "configs" / "tiny_loop.yaml"
+TINY = TESTS / "configs" / "tiny_loop.yaml"
 # No KL term in tiny_loop.yaml: no reference pass, so no timing_s/ref.
 PHASE_METRICS = [tracking.TIMING_PREFIX + p for p in tracking.PHASES if p != "ref"] + [
     tracking.PERF_THROUGHPUT,

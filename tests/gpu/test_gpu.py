@@ -20,10 +20,10 @@ import os
 import socket
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
+from repo_paths import REPO
 
 pytestmark = [
     pytest.mark.slow,
@@ -283,7 +283,7 @@ def test_vllm_cuda_backend_end_to_end(tiny_llama):
             text=True,
             timeout=900,
             env=env,
-            cwd=Path(__file__).parents[1],
+            cwd=REPO,
         )
         line = [x for x in p.stdout.splitlines() if x.startswith("RESULT ")]
         assert line, p.stderr[-3000:]

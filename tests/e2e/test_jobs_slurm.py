@@ -6,8 +6,8 @@ Needs Slurm with accounting up: `scripts/slurm_setup.sh` (as root). These tests 
 not, so CI cannot pass without exercising Slurm.
 
 The recipe is jobs/smoke.py (a stand-in with the command line of `arctic-rl run`: it connects to the job's
-Ray cluster, logs timing_s/* steps through Tracker and checkpoints/resumes). The real recipe runs in
-tests/test_jobs_real_recipe.py and, on two hosts, tests/test_jobs_multinode.py.
+Ray cluster, logs timing_s/* steps through Tracker and checkpoints/resumes). The real recipe runs on two
+hosts in tests/e2e/test_jobs_multinode.py.
 """
 
 import re
@@ -19,10 +19,11 @@ from pathlib import Path
 
 import pytest
 from mlflow.tracking import MlflowClient
+from repo_paths import REPO
 
 from jobs import slurm
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = REPO
 SMOKE = f"{sys.executable} -m jobs.smoke -"
 RAY_ARGS = "--ray-args=--object-store-memory=100000000"
 JOB_TIMEOUT_S = 420

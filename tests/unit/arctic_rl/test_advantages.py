@@ -5,15 +5,15 @@ from __future__ import annotations
 import importlib
 import statistics
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from repo_paths import REPO
 
 from arctic_rl.advantages import grpo, rloo
 
-VERL_REF = Path(__file__).resolve().parents[1] / ".venv" / "verl-ref"
+VERL_REF = REPO / ".venv" / "verl-ref"
 UIDS = ["a", "a", "a", "b", "b", "c", 7, 7, 7, 7, "d", "d"]  # "c" is a group of one; "d" has equal scores
 SCORES = torch.tensor([1.0, 0.0, 0.5, 2.0, -1.0, 3.0, 0.0, 1.0, 1.0, 0.25, 0.5, 0.5])
 

@@ -5,13 +5,14 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from repo_paths import REPO
 
 from arctic_rl.cli import main as cli_main
 from arctic_rl.errors import ConfigError
 from arctic_rl.loop import latest_checkpoint, step_indices, step_seed
 from arctic_rl.runconfig import apply_overrides, load_run_config, parse_run_config
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = REPO
 BIRD = ROOT / "recipes/text2sql/configs/bird_qwen3_32b.yaml"
 LONGQA = ROOT / "recipes/longqa/configs/longqa_qwen3_32b.yaml"
 TINY = ROOT / "tests/configs/tiny_loop.yaml"

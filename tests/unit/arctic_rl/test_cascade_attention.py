@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from repo_paths import REPO, TESTS
 
 from arctic_rl.zorro.group_attention import paged_group_attention as PAGED_GROUP_ATTENTION
 from arctic_rl.zorro.merge import attention_with_lse, merge_attention_states
@@ -71,6 +72,7 @@ def test_merge_rejects_mismatched_shapes():
 
 # ----------------------------------------------------------------------------------------------
 # Cascade decode attention over a paged KV cache
+
 
 from arctic_rl.zorro.cascade import (  # noqa: E402
     PrefixGroup,
@@ -429,7 +431,7 @@ def test_triton_merge_kernel_interpreted():
         pytest.fail(f"{folder} is missing: scripts/setup_env.sh installs Triton there")
     env = {
         **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(folder), str(Path(__file__).parent)]),
+        "PYTHONPATH": os.pathsep.join([str(folder), str(Path(__file__).parent), str(TESTS)]),
         "TRITON_INTERPRET": "1",
         "ARCTIC_RL_TRITON_MERGE": "interpret",
     }
@@ -439,7 +441,7 @@ def test_triton_merge_kernel_interpreted():
         text=True,
         env=env,
         timeout=600,
-        cwd=Path(__file__).parents[1],
+        cwd=REPO,
     )
     assert "TRITON MERGE OK" in p.stdout, p.stderr[-4000:]
 

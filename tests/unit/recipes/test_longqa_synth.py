@@ -3,16 +3,16 @@
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
+from repo_paths import REPO
 
 from recipes import longqa
 from recipes.longqa import data, synth
 from recipes.longqa.prompts import whitespace_length
 from recipes.longqa.reward import normalize_answer
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = REPO
 
 
 def _context_tokens(record):

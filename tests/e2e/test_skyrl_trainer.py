@@ -9,11 +9,11 @@ import os
 import socket
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
+from repo_paths import REPO
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = REPO
 SKYRL_PY = ROOT / ".venv-skyrl" / "bin" / "python"
 
 
