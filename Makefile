@@ -7,7 +7,7 @@ export HF_DATASETS_OFFLINE := 1
 export RAY_AUTH_MODE := disabled
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: setup setup-skyrl demo test test-fast slurm bench
+.PHONY: setup setup-skyrl demo test test-fast lint slurm bench
 
 setup:
 	bash scripts/setup_env.sh
@@ -26,11 +26,12 @@ demo: setup
 slurm:
 	bash scripts/slurm_cluster.sh up --nodes 2 || { test $$? -eq 3 && bash scripts/slurm_setup.sh; }
 
-# setup-skyrl failing (no Python 3.12 source reachable) must not stop the rest of the suite: the SkyRL
-# tests then fail on their own, saying .venv-skyrl is missing.
-test: setup slurm
-	-bash scripts/setup_skyrl_env.sh
-	$(PY) -m pytest -q --durations=15
+# Environments (SkyRL's built alongside), the two-host Slurm, ruff + mypy, then the whole suite: scripts/test.sh.
+test:
+	bash scripts/test.sh
+
+lint: setup
+	.venv/bin/ruff format --check . && .venv/bin/ruff check . && .venv/bin/mypy
 
 test-fast: setup
 	$(PY) -m pytest -q -m "not slow"

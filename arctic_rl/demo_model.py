@@ -58,7 +58,7 @@ def demo_model_path() -> Path:
         del config.quantization_config
     model = LlamaForCausalLM(config)
     model.load_state_dict(gg.state_dict())
-    model = model.to(torch.bfloat16)
+    model = model.bfloat16()
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{NAME}.", dir=out.parent))
     try:

@@ -80,7 +80,7 @@ class AsyncRollouts:
         prompts, params, examples = self.make_request(step)
         fut = self.client.submit(self.client.generate, prompts, params)
         done: list[float] = []
-        fut.add_done_callback(lambda _f, d=done: d.append(time.perf_counter()))
+        fut.add_done_callback(lambda _f: done.append(time.perf_counter()))
         self.inflight[step] = (fut, examples, version, time.perf_counter(), done)
 
     def get(self, step: int) -> Rollout:

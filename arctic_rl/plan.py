@@ -141,7 +141,7 @@ class Plan:
             + "):",
         ]
         for rows, g in _group_gpus(self.gpus):
-            parts = {}
+            parts: dict[str, float] = {}
             for e in g.engines:
                 for k, v in e.awake_bytes.items():
                     parts[f"{e.engine}/{k}"] = parts.get(f"{e.engine}/{k}", 0.0) + v
@@ -258,11 +258,18 @@ def model_shape(hf_config, source: str) -> ModelShape:
     )
 
 
+def _max_seq_len(client: ArcticRLClientConfig) -> int:
+    # The client config fills it from the model's window; None means that window could not be read.
+    if client.vllm_config.max_seq_len is None:
+        raise ConfigError("backend.vllm_config.max_seq_len: None (the model's window could not be read); set it")
+    return client.vllm_config.max_seq_len
+
+
 # -- memory of each engine ------------------------------------------------------------------------------------
 def micro_batch_tokens(run: RunConfig, client: ArcticRLClientConfig) -> int:
     """Tokens in one trainer micro-batch at the longest prompt and response the run allows."""
     n, response = run.sampling.n, run.sampling.max_tokens
-    prompt = max(client.vllm_config.max_seq_len - response, 1)
+    prompt = max(_max_seq_len(client) - response, 1)
     rows = client.training_config.micro_batch_size
     if client.training_config.zorro_train.enable:  # each prompt once, then its n responses
         groups = math.ceil(rows / n)
@@ -351,10 +358,10 @@ def make_plan(
     for g in gpus.values():
         g.phases = {ph: sum(_engine_bytes(e, awake) for e in g.engines) for ph, awake in phases.items()}
     problems += _memory_problems(list(gpus.values()), phases, gpu_memory)
-    if kv_tokens < client.vllm_config.max_seq_len:
+    if kv_tokens < _max_seq_len(client):
         problems.append(
             f"vLLM's KV cache holds {kv_tokens} tokens per replica, less than backend.vllm_config."
-            f"max_seq_len={client.vllm_config.max_seq_len}: raise gpu_memory_utilization="
+            f"max_seq_len={_max_seq_len(client)}: raise gpu_memory_utilization="
             f"{client.vllm_config.gpu_memory_utilization} or tensor_parallel_size="
             f"{client.vllm_config.tensor_parallel_size} (vLLM would refuse to start)"
         )
@@ -431,7 +438,7 @@ def _memory_problems(gpus: list[Gpu], phases: dict, gpu_memory: float) -> list[s
     if not over:
         return []
     worst = max(over, key=lambda g: g.peak)
-    phase = max(worst.phases, key=worst.phases.get)
+    phase = max(worst.phases, key=lambda p: worst.phases[p])
     top = sorted(
         ((f"{e.label} {k}", _engine_bytes(e, phases[phase], k)) for e in worst.engines for k in e.awake_bytes),
         key=lambda kv: -kv[1],
@@ -527,7 +534,7 @@ def _notes(
         "rewards are scored in a process pool on the driver's node, one worker per CPU the driver may "
         "use (os.sched_getaffinity): give that node CPUs beyond the bundles' for it"
     )
-    group = max(client.vllm_config.max_seq_len - run.sampling.max_tokens, 1) + run.sampling.n * run.sampling.max_tokens
+    group = max(_max_seq_len(client) - run.sampling.max_tokens, 1) + run.sampling.n * run.sampling.max_tokens
     notes.append(
         f"vLLM KV cache: {kv_tokens} tokens per replica; one prompt group at the longest lengths takes "
         f"{group} (prompt once with prefix caching + n responses): "

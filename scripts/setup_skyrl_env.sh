@@ -22,7 +22,8 @@ if [ ! -x "$PREFIX/bin/python3.12" ]; then
   SHA=56bfef1fdfc1221ce6720e43a661e3eb41785dd914ce99698d8c7896af4bdaa1
   if ! dpkg -s libssl-dev libffi-dev zlib1g-dev libbz2-dev liblzma-dev libsqlite3-dev >/dev/null 2>&1; then
     echo "[setup-skyrl] installing CPython build dependencies (apt) ..."
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -q build-essential libssl-dev libffi-dev zlib1g-dev \
+    # One apt at a time with scripts/slurm_lib.sh (`make test` runs both side by side).
+    DEBIAN_FRONTEND=noninteractive flock /run/arctic-rl-apt.lock apt-get install -y -q build-essential libssl-dev libffi-dev zlib1g-dev \
       libbz2-dev liblzma-dev libsqlite3-dev >/dev/null
   fi
   work=$(mktemp -d)

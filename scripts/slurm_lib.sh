@@ -51,6 +51,7 @@ stop_pidfile() {
   rm -f "$pidfile"
 }
 
+APT_LOCK=/run/arctic-rl-apt.lock
 require_root() { [ "$(id -u)" -eq 0 ] || die "run as root (found uid $(id -u)): the daemons and apt-get need it"; }
 
 # 1. packages -------------------------------------------------------------------------------------
@@ -64,8 +65,9 @@ install_packages() {
     # policy-rc.d blocks the packages' postinst from trying to start services (no init system here).
     printf '#!/bin/sh\nexit 101\n' >/usr/sbin/policy-rc.d && chmod +x /usr/sbin/policy-rc.d
     export DEBIAN_FRONTEND=noninteractive
-    apt-get update -qq >/dev/null
-    apt-get install -y -qq slurm-wlm slurmdbd munge mariadb-server >/tmp/slurm-setup-apt.log 2>&1 \
+    # `make test` builds SkyRL's environment alongside, which may apt-get too: one apt at a time (APT_LOCK).
+    flock "$APT_LOCK" apt-get update -qq >/dev/null
+    flock "$APT_LOCK" apt-get install -y -qq slurm-wlm slurmdbd munge mariadb-server >/tmp/slurm-setup-apt.log 2>&1 \
       || { tail -n 20 /tmp/slurm-setup-apt.log >&2; die "apt-get install failed (log: /tmp/slurm-setup-apt.log)"; }
   fi
   mkdir -p "$LOG_DIR" /var/spool/slurmctld /etc/slurm /run/munge /run/mysqld

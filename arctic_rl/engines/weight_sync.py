@@ -35,8 +35,10 @@ class SamplerGroupClient:
     def start_weight_update(self) -> None:
         ray.get([s.wt_call.remote("start_weight_update") for s in self.samplers])
 
-    def update_weights(self, update_info: dict[str, Any]) -> None:
-        ray.get([s.wt_call.remote("update_weights", {"update_info": update_info}) for s in self.samplers])
+    def update_weights(self, update_info: dict[str, Any] | list[dict[str, Any]]) -> None:
+        # vLLM's protocol allows a list of updates (one per bucket); each goes to every replica in order.
+        for info in update_info if isinstance(update_info, list) else [update_info]:
+            ray.get([s.wt_call.remote("update_weights", {"update_info": info}) for s in self.samplers])
 
     def finish_weight_update(self, weight_version: str | None = None) -> None:
         ray.get([s.wt_call.remote("finish_weight_update") for s in self.samplers])

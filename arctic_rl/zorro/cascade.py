@@ -104,7 +104,7 @@ def _best_partition(items: list[int], lcp: list[int], min_group_size: int) -> li
         if cut[j] is None:
             j -= 1
             continue
-        i, shared = cut[j]
+        i, shared = cut[j]  # type: ignore[misc]  # checked just above
         out.append(PrefixGroup(rows=tuple(sorted(items[i:j])), prefix_len=shared))
         j = i
     return out
@@ -286,7 +286,7 @@ def cascade_decode_attention(
     bs = key_cache.shape[1]
     lens = [int(x) for x in seq_lens]
     out = query.new_empty(Q, H, D)
-    grouped = set()
+    grouped: set[int] = set()
     for g in groups:
         rows, P = list(g.rows), g.prefix_len
         if P % bs or any(lens[r] < P for r in rows) or grouped.intersection(rows):

@@ -130,6 +130,8 @@ def paged_group_attention(
     init (out [B, H, R, D], lse [B, H, R]): attention of the same rows over other keys (a cascade's
     prefix pass); the result is then attention over both key sets, the merge done in the kernel."""
     dll = load()
+    if dll is None:  # callers check available() first; this names the cause if one did not
+        raise RuntimeError("ZoRRo's CPU kernel could not be built (see the warning logged above)")
     B, H, R, D = q.shape
     nb, Hk, bs, Dk = key_cache.shape
     if (

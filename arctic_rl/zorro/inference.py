@@ -50,13 +50,10 @@ def vllm_engine_kwargs(zorro_inference: Any, device_type: str | None = None) -> 
         device_type = "cuda" if torch.cuda.is_available() else "cpu"
     if device_type not in ("cpu", "cuda"):
         raise ValueError(f"zorro_inference.enable=True: no ZoRRo Inference backend for device {device_type!r}")
-    knobs = {
-        "device": device_type,
-        "min_group_size": int(cfg.get("min_group_size", 2)),
-        "min_prefix_len": int(cfg.get("min_prefix_len", 256)),
-    }
+    min_group_size, min_prefix_len = int(cfg.get("min_group_size", 2)), int(cfg.get("min_prefix_len", 256))
+    knobs = {"device": device_type, "min_group_size": min_group_size, "min_prefix_len": min_prefix_len}
     os.environ[ENV] = json.dumps(knobs)  # for vLLM worker processes: vllm_plugin reads it
-    _install(device_type, knobs["min_group_size"], knobs["min_prefix_len"])
+    _install(device_type, min_group_size, min_prefix_len)
     if device_type == "cpu":
         return {}
     return {"attention_backend": "FLASH_ATTN", "compilation_config": {"cudagraph_mode": "PIECEWISE"}}

@@ -85,7 +85,7 @@ def cascade_decode_vllm_cpu(
             query.dtype
         )
     out = torch.empty(Q, H, D, dtype=torch.float32, device=query.device)
-    seen = set()
+    seen: set[int] = set()
     all_groups = list(groups) + [PrefixGroup((i,), 0) for i in range(Q) if not any(i in g.rows for g in groups)]
     for g in all_groups:
         rows, P = list(g.rows), g.prefix_len

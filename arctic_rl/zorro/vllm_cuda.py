@@ -45,6 +45,7 @@ import functools
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -155,7 +156,7 @@ def plan_cascade(
         )
 
     suffix_lens = [n - s * block_size for n, s in zip(lens, shift)]
-    i32 = dict(dtype=torch.int32, device=dev)
+    i32: dict[str, Any] = dict(dtype=torch.int32, device=dev)
     return CascadePlan(
         order=torch.tensor(order, dtype=torch.long, device=dev),
         heads_per_kv=r,
@@ -270,7 +271,7 @@ try:
         FlashAttentionMetadataBuilder,
     )
 except ImportError:  # vLLM absent or without its FlashAttention backend: the step logic above still works
-    FlashAttentionBackend = FlashAttentionImpl = FlashAttentionMetadataBuilder = None
+    FlashAttentionBackend = FlashAttentionImpl = FlashAttentionMetadataBuilder = None  # type: ignore[misc,assignment]
 
 if FlashAttentionImpl is not None:
     from vllm.v1.attention.backend import AttentionCGSupport, AttentionType
@@ -347,7 +348,7 @@ if FlashAttentionImpl is not None:
                         flash_attn_varlen_func,
                         softmax_scale=self.scale,
                         return_softmax_lse=True,
-                        fa_version=self.vllm_flash_attn_version,
+                        fa_version=self.vllm_flash_attn_version,  # type: ignore[arg-type]  # set on CUDA
                     )
                     out = cascade_decode_varlen(query[:n], key_cache, value_cache, plan, attend)
                     output[:n].copy_(out.view(output[:n].shape))

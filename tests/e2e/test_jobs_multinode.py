@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 
 import pytest
+from frameworks import check_skyrl_run, check_verl_run
 from mlflow.tracking import MlflowClient
 from repo_paths import REPO
 
@@ -319,3 +320,9 @@ def test_framework_path_on_two_nodes(
     (run,) = store.search_runs([exp.experiment_id])
     assert run.info.status == "FINISHED"
     assert run.data.tags["framework"] == framework and run.data.tags["backend"] == "arctic-rl"
+    # The one-host framework tests' checks, here on two hosts (they skip while this cluster is up).
+    uri = os.environ["MLFLOW_TRACKING_URI"]
+    if framework == "verl":
+        check_verl_run(uri, project, tiny_llama, log[-3000:])
+    else:
+        check_skyrl_run(uri, project, tiny_llama, tmp_path / "out", log[-3000:])

@@ -3,7 +3,8 @@
 check that the requeued job resumes from its checkpoint into the same MLflow run.
 
 Needs Slurm with accounting up: `scripts/slurm_setup.sh` (as root). These tests fail, not skip, when it is
-not, so CI cannot pass without exercising Slurm.
+not, so CI cannot pass without exercising Slurm. They skip while the two-host Slurm of scripts/slurm_cluster.sh
+is listed (as under `make test`): tests/e2e/test_jobs_multinode.py then runs the same flows on the real recipe.
 
 The recipe is jobs/smoke.py (a stand-in with the command line of `arctic-rl run`: it connects to the job's
 Ray cluster, logs timing_s/* steps through Tracker and checkpoints/resumes). The real recipe runs on two
@@ -18,6 +19,7 @@ import time
 from pathlib import Path
 
 import pytest
+from frameworks import skip_if_run_on_two_hosts
 from mlflow.tracking import MlflowClient
 from repo_paths import REPO
 
@@ -31,6 +33,7 @@ JOB_TIMEOUT_S = 420
 
 @pytest.fixture(scope="module", autouse=True)
 def slurm_up() -> None:
+    skip_if_run_on_two_hosts("tests/e2e/test_jobs_multinode.py (submitit with a requeue, TorchX, on the real recipe)")
     for tool in ("sinfo", "sbatch", "sacct"):
         if shutil.which(tool) is None:
             pytest.fail(f"`{tool}` not on PATH: start Slurm with `sudo scripts/slurm_setup.sh`")

@@ -11,6 +11,7 @@ import subprocess
 import sys
 
 import pytest
+from frameworks import check_skyrl_run, skip_if_run_on_two_hosts
 from repo_paths import REPO
 
 ROOT = REPO
@@ -27,11 +28,8 @@ def _free_port() -> int:
 @pytest.mark.parametrize("data", ["toy", "gsm8k"])
 def test_skyrl_trainer_two_grpo_steps_on_arctic(tiny_llama, tmp_path, data):
     """toy: an arctic-rl recipe through env_class "arctic"; gsm8k: SkyRL's own GSM8K layout and skyrl-gym env."""
-    from mlflow.tracking import MlflowClient
-
-    from arctic_rl.compare import load_runs, summarize
-    from arctic_rl.tracking import BACKEND_ARCTIC, FRAMEWORK_SKYRL, TAG_BACKEND, TAG_FRAMEWORK, TAG_MODEL, TAG_RECIPE
-
+    if data == "toy":
+        skip_if_run_on_two_hosts("tests/e2e/test_jobs_multinode.py::test_framework_path_on_two_nodes[skyrl]")
     assert SKYRL_PY.exists(), f"{SKYRL_PY} missing: run scripts/setup_skyrl_env.sh (make test does)"
     out = subprocess.run(
         [str(SKYRL_PY), "-c", "import sys, skyrl_train; print(sys.version_info[:2])"], capture_output=True, text=True
@@ -77,39 +75,7 @@ def test_skyrl_trainer_two_grpo_steps_on_arctic(tiny_llama, tmp_path, data):
     tail = "\n".join(log.read_text(errors="replace").splitlines()[-60:])
     assert proc.returncode == 0, f"SkyRL run failed (exit {proc.returncode}):\n{tail}"
 
-    client = MlflowClient(tracking_uri=uri)
-    exp = client.get_experiment_by_name("skyrl-ci")
-    assert exp is not None, tail
-    (run,) = client.search_runs([exp.experiment_id])
-    assert run.info.status == "FINISHED", tail
-    tags = run.data.tags
-    assert tags[TAG_FRAMEWORK] == FRAMEWORK_SKYRL and tags[TAG_BACKEND] == BACKEND_ARCTIC
-    assert tags[TAG_RECIPE] == "skyrl-ci" and tags[TAG_MODEL] == str(tiny_llama)
-    history = lambda key: sorted(m.step for m in client.get_metric_history(run.info.run_id, key))  # noqa: E731
-    # SkyRL's own metrics, per step: its timers around our ops, its reward stats, our loss under its names.
-    for key in (
-        "timing/generate",
-        "timing/fwd_logprobs_values_reward",
-        "timing/policy_train",
-        "timing/sync_weights",
-        "policy/policy_loss",
-        "policy/grad_norm",
-        "reward/avg_raw_reward",
-        "generate/avg_num_tokens",
-    ):
-        assert history(key) == [1, 2], (key, history(key))
-    assert history("policy/policy_kl") == [1, 2]  # use_kl_loss: the reference engine ran
-    assert any(k.startswith("eval/") for k in run.data.metrics), sorted(run.data.metrics)
-    # SkyRL's checkpoint layout, written through arctic-rl's save_checkpoint.
-    ckpts = tmp_path / "out" / "ckpts"
-    # ckpt_interval=2 saves after step 2; SkyRL's loop then saves again after the last step, with its step
-    # counter already advanced to 3 (skyrl-train's own behaviour, kept).
-    assert (ckpts / "latest_ckpt_global_step.txt").read_text().strip() == "3"
-    for step in (2, 3):
-        assert (ckpts / f"global_step_{step}" / "arctic_rl.json").is_file(), sorted(ckpts.iterdir())
-
-    (row,) = summarize(load_runs(["skyrl-ci"], uri), skip_steps=0)
-    assert (row.framework, row.backend) == (FRAMEWORK_SKYRL, BACKEND_ARCTIC)
+    check_skyrl_run(uri, "skyrl-ci", tiny_llama, tmp_path / "out", tail)
 
 
 def test_skyrl_config_mapping_names_bad_values():

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from frameworks import skip_if_run_on_two_hosts
 
 from arctic_rl import ArcticRLClientConfig, create_arctic_rl_client
 from arctic_rl.batch import from_samples
@@ -15,6 +16,8 @@ pytestmark = pytest.mark.slow
 def test_engines_spread_over_two_nodes(tiny_llama, monkeypatch):
     import ray
     from ray.cluster_utils import Cluster
+
+    skip_if_run_on_two_hosts("tests/e2e/test_jobs_multinode.py (engines on both hosts of a real two-node Ray)")
 
     if ray.is_initialized():  # this process may be attached to the session's one-node cluster
         ray.shutdown()
