@@ -1,11 +1,12 @@
-"""Backend throughput on the demo model (SmolLM2-135M-Instruct), each next to its limit on this machine:
+"""Backend throughput on the demo model (SmolLM2-135M-Instruct), each next to its limit on the machine it runs on:
 
   weight sync   seconds per sync_weights, and its bandwidth vs a plain in-memory copy of the same bytes
   generate      sampled tokens/s (vLLM), n samples per prompt
   train         forward_backward tokens/s, and the model FLOP rate it reaches vs a dense matmul's
 
     python benchmarks/backend.py [--prompts 8] [--n 4] [--max-tokens 64] [--out runs/bench/backend.json]
-A benchmark, not a test: numbers depend on the machine; run it alone.
+A benchmark, not a test: numbers depend on the machine; run it alone. It writes its dated report to
+docs/benchmarks/ (benchmarks/report.py).
 """
 
 from __future__ import annotations

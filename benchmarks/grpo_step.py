@@ -9,7 +9,7 @@ tokenizer of tests/tiny_models.py, whose small training corpus caps its vocabula
        no-op on CPU, where vLLM's own kernel measured faster), async loop (max_staleness 1)
 Each configuration gets its own deployment; the first step is a warm-up and is left out of the medians.
 
-    python benchmarks/grpo_step.py                   # ~5 minutes on 2 cores
+    python benchmarks/grpo_step.py                   # minutes on a 2-core machine
     python benchmarks/grpo_step.py --steps 3 --prompts 1
 """
 

@@ -8,7 +8,7 @@ sync_weights waits for it (arctic_rl/pipeline.py), so the best speedup is
 On a CPU-only machine the sampler and the trainer share the same cores, so the overlap mostly
 trades one's cores for the other's; on GPUs (split placement) they do not compete.
 
-    python benchmarks/pipeline.py                 # ~3 minutes on 2 cores
+    python benchmarks/pipeline.py                 # minutes on a 2-core machine
     python benchmarks/pipeline.py --steps 4 --out /tmp/bench
 """
 
