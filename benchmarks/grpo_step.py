@@ -9,7 +9,7 @@ tokenizer of tests/tiny_models.py, whose small training corpus caps its vocabula
        no-op on CPU, where vLLM's own kernel measured faster), async loop (max_staleness 1)
 Each configuration gets its own deployment; the first step is a warm-up and is left out of the medians.
 
-    python benchmarks/grpo_step.py                   # ~5 minutes on 2 cores
+    python benchmarks/grpo_step.py                   # minutes on a 2-core machine
     python benchmarks/grpo_step.py --steps 3 --prompts 1
 """
 
@@ -24,6 +24,7 @@ from pathlib import Path
 
 # the shared helpers live in benchmarks/pipeline.py
 from pipeline import PHASES, bar_png, make_model, medians, run_config
+from report import Report, add_report_args
 
 
 def main() -> None:
@@ -35,7 +36,9 @@ def main() -> None:
     p.add_argument("--filler-words", type=int, default=1100, help="shared context words (~1 token each)")
     p.add_argument("--out", type=Path, default=Path("outputs/bench_grpo_step"))
     p.add_argument("--only", choices=("off", "on"), help=argparse.SUPPRESS)  # internal: one config per process
+    add_report_args(p)
     a = p.parse_args()
+    started = Report.start("grpo_step", "One long-prompt GRPO step: every optimization off vs on", a)
     a.out.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("MLFLOW_TRACKING_URI", f"sqlite:///{a.out.resolve() / 'mlflow.db'}")
     from transformers import AutoTokenizer
@@ -55,7 +58,7 @@ def main() -> None:
         for name in ("off", "on"):
             subprocess.run([sys.executable, __file__, *sys.argv[1:], "--only", name], check=True)
             results[name] = json.loads((a.out / f"{name}.json").read_text())
-        report(a, prompt_len, results)
+        report(a, prompt_len, results, started)
         return
     for name, on in ((a.only, a.only == "on"),):
         backend = {
@@ -87,16 +90,22 @@ def main() -> None:
         print(f"[{name}] " + " ".join(f"{k} {v:.3f}" for k, v in m.items()), flush=True)
 
 
-def report(a: argparse.Namespace, prompt_len: int, results: dict[str, dict[str, float]]) -> None:
+def report(a: argparse.Namespace, prompt_len: int, results: dict[str, dict[str, float]], rep: Report) -> None:
     off, on = results["off"], results["on"]
+    rep.note(
+        f"workload: {a.prompts} prompts x G={a.n}, prompt {prompt_len} tokens, <= {a.max_tokens} response tokens; "
+        "off/on = median phase time with every optimization off / on (ZoRRo Train, cascade attention, async loop)."
+    )
     print(f"workload: {a.prompts} prompts x G={a.n}, prompt {prompt_len} tokens, <= {a.max_tokens} response tokens")
     print(f"{'phase':<26}{'off (s)':>10}{'on (s)':>10}{'off/on':>9}")
     for ph in PHASES + ["step"]:
         k = f"timing_s/{ph}"
         ratio = f"{off[k] / on[k]:>8.2f}x" if on[k] >= 1e-3 else "       -"  # hidden by overlap, or ~0
         print(f"{k:<26}{off[k]:>10.3f}{on[k]:>10.3f}{ratio}")
+        rep.add("phases (median s)", phase=k, off=off[k], on=on[k], **{"off/on": ratio.strip()})
     png = bar_png(a.out / "grpo_step.png", {"all off": off, "all on": on}, "GRPO step: optimizations off vs on")
     print(f"end to end: {off['timing_s/step'] / on['timing_s/step']:.2f}x (target >= 4x) | {png}")
+    rep.write()
 
 
 if __name__ == "__main__":

@@ -8,7 +8,7 @@ sync_weights waits for it (arctic_rl/pipeline.py), so the best speedup is
 On a CPU-only machine the sampler and the trainer share the same cores, so the overlap mostly
 trades one's cores for the other's; on GPUs (split placement) they do not compete.
 
-    python benchmarks/pipeline.py                 # ~3 minutes on 2 cores
+    python benchmarks/pipeline.py                 # minutes on a 2-core machine
     python benchmarks/pipeline.py --steps 4 --out /tmp/bench
 """
 
@@ -23,6 +23,8 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+
+from report import Report, add_report_args  # noqa: E402
 
 from arctic_rl import tracking  # noqa: E402
 from arctic_rl.runconfig import RunConfig, parse_run_config  # noqa: E402
@@ -101,7 +103,9 @@ def main() -> None:
     p.add_argument("--n", type=int, default=8)
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--out", type=Path, default=Path("outputs/bench_pipeline"))
+    add_report_args(p)
     a = p.parse_args()
+    report = Report.start("pipeline", f"Async vs sync reference loop ({a.prompts} prompts x n={a.n}, tiny model)", a)
     a.out.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("MLFLOW_TRACKING_URI", f"sqlite:///{a.out.resolve() / 'mlflow.db'}")
     from arctic_rl import create_arctic_rl_client
@@ -133,6 +137,19 @@ def main() -> None:
         f"async step {asyn['timing_s/step']:.3f}s (waited for gen {asyn['timing_s/gen']:.3f}s, "
         f"gen ran {asyn.get('async/gen_s', float('nan')):.3f}s)"
     )
+    report.add(
+        "step time",
+        **{"sync step s": sync["timing_s/step"], "async step s": asyn["timing_s/step"]},
+        ratio=f"{ratio:.2f}x",
+        limit=f"{limit:.2f}x",
+        **{"% of limit": f"{100 * ratio / limit:.0f}%"},
+        **{"gen s": gen, "train s": train, "sync_weights s": sync_s},
+    )
+    report.note(
+        "limit = (gen + train + sync) / (max(gen, train) + sync) from the sync loop's phases; on a CPU-only "
+        "machine the sampler and trainer share the cores, so the overlap trades one's cores for the other's."
+    )
+    report.write()
     print(f"speedup sync/async {ratio:.2f}x | limit (gen+train+sync)/(max(gen,train)+sync) = {limit:.2f}x | {png}")
 
 

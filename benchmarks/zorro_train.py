@@ -34,6 +34,7 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch
+from report import Report, add_report_args
 from tqdm import tqdm
 from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -214,6 +215,7 @@ def main() -> None:
     ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     ap.add_argument("--profile", action="store_true", help="CUDA: the top kernels of one step per variant")
     ap.add_argument("--memory-worker", nargs=2, metavar=("MODEL", "VARIANT"), help=argparse.SUPPRESS)
+    add_report_args(ap)
     args = ap.parse_args()
     P, R, G = args.prompt, args.response, args.group
     cuda = args.device == "cuda"
@@ -228,6 +230,20 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     if args.quick:
         P, R, G, args.reps = 256, 32, 8, 2
+    report = Report.start(
+        "zorro_train_cuda" if cuda else "zorro_train",
+        f"ZoRRo Train vs the naive padded batch (prompt {P}, response {R}, G {G}, {str(dtype)[6:]}, {args.device})",
+        args,
+        device=args.device,
+        bandwidth=not cuda,
+    )
+    report.note(
+        "speedup = naive / variant time (min over interleaved steps); FLOP limit = naive / ZoRRo matmul FLOPs "
+        "from the model's shapes. matmul GFLOP/s = each side's matmul FLOPs over its time: where both run at the "
+        "same rate the wall speedup equals the FLOP limit; above it, the naive side also paid memory-bound work "
+        "(full logits, more activations) that ZoRRo skips. Peak memory: resident high-water mark above the level "
+        "before the step (CPU, fresh process per variant) or the CUDA allocator's."
+    )
     load = os.getloadavg()[0]
     where = (
         torch.cuda.get_device_name()
@@ -307,6 +323,18 @@ def main() -> None:
             ratio = f"{mem[v] / mem['naive']:9.3f}" if mem else f"{'-':>9s}"
             pct = "       -" if v == "naive" else f"{100 * sp / fl['limit']:7.1f}%"
             print(f"  {v:8s} {best[v]:8.3f} {sp:7.2f}x {pct} {best_cpu[v]:8.3f} {sp_cpu:7.2f}x {mem_s} {ratio}")
+            report.add(
+                f"model {name}: hidden {c['hidden_size']}, {c['num_hidden_layers']} layers, "
+                f"{c['num_attention_heads']}/{c['num_key_value_heads']} heads, MLP {c['intermediate_size']}, "
+                f"vocab {c['vocab_size']}",
+                variant=v,
+                **{"wall s": best[v], "speedup": f"{sp:.2f}x", "FLOP limit": f"{fl['limit']:.2f}x"},
+                **{"% of limit": "" if v == "naive" else f"{100 * sp / fl['limit']:.0f}%"},
+                **{"CPU-time speedup": f"{sp_cpu:.2f}x" if not cuda else ""},
+                **{"matmul GFLOP/s": fl["naive" if v == "naive" else "zorro"] / best[v] / 1e9},
+                **{"peak MiB": mem[v] / 2**20 if mem else "", "memory ratio": mem[v] / mem["naive"] if mem else ""},
+                **{"max abs diff": f"{err:.1e}"},
+            )
         panels[f"{name}: hidden {c['hidden_size']}, MLP {c['intermediate_size']}"] = [
             (v, best["naive"] / best[v], fl["limit"]) for v in VARIANTS if v != "naive"
         ]
@@ -329,6 +357,8 @@ def main() -> None:
         + ")",
     )
     print("\nsummary: " + "; ".join(summary) + f"; plot {png}")
+    report.note(f"Plot: `{png}` (not committed).")
+    report.write()
 
 
 if __name__ == "__main__":

@@ -3,9 +3,9 @@
 // log-sum-exp for merge_attention_states. Built on first use by group_attention.py.
 //
 // Why a kernel of our own: (1) vLLM-CPU keeps a group's shared prefix in shared blocks; reading
-// them in place avoids the block gathers that made the cascade lose to vLLM's own kernel (copies
-// were 12 of its 17 ms). (2) The cascade prefix pass is G x H/K rows over thousands of keys per KV
-// head; torch's CPU flash kernel runs those 16-row GEMMs at ~60 GFLOP/s. Here the rows sit in the
+// them in place avoids the block gathers that made the cascade lose to vLLM's own kernel (the copies
+// were most of its time). (2) The cascade prefix pass is G x H/K rows over thousands of keys per KV
+// head; torch's CPU flash kernel runs those 16-row GEMMs far below peak. Here the rows sit in the
 // 16 lanes of one vector register, so a 16-key tile of scores, its online softmax and its P.V
 // update stay in registers, every FLOP is a full-width FMA, and the max and sum over keys are
 // element-wise across registers (no horizontal reductions).
@@ -82,8 +82,8 @@ inline const float* tile(const Job& a, int64_t b, int64_t h, const float* base, 
 // KT: keys stored K^T (k_st == 1, vLLM-CPU's blocks) and values row-major (v_sd == 1), as compile-time
 // strides: the 16 keys of a tile are then fixed offsets from one pointer (measured faster).
 constexpr int CH = 4;
-// Without software prefetch the prefix pass ran at ~10 GB/s from DRAM (70 GF/s) against 170 GF/s
-// from L3: the hardware prefetchers do not follow 16 rows read a column at a time.
+// Without software prefetch the prefix pass from DRAM ran at a fraction of its speed from L3: the
+// hardware prefetchers do not follow 16 rows read a column at a time.
 constexpr int PF = 2;
 
 template <bool KT>

@@ -2,8 +2,8 @@
 
 On a GPU a decode step's attention for a batch of requests is tens of microseconds of memory traffic,
 and each small torch op around it costs a launch of a few microseconds. The torch form of the merge
-(index, unpack, `merge_attention_states`, scatter back) is about 20 launches, which measured on an
-H200 cost more than the prefix KV reads that cascade saves (docs/zorro.md). This kernel reads each
+(index, unpack, `merge_attention_states`, scatter back) is many launches, which on a GPU cost more than
+the prefix KV reads that cascade saves (docs/benchmarks/cascade_attention_cuda-*.md). This kernel reads each
 grouped request's prefix result straight from the packed prefix pass, merges it with the suffix
 result (and the prefix's splits, if it was split) by their log-sum-exps and writes it over the
 suffix result in place: one launch.

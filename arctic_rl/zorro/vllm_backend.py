@@ -12,9 +12,9 @@ full KV blocks coincide (prefix caching gives a prompt's n samples the same prom
 each suffix separately, merged by log-sum-exp. Groups are found once per step (the metadata object is shared
 by all layers of a step). KV writes stay vLLM's (`do_kv_cache_update`, unchanged).
 
-Opt-in (as on CUDA). At the op level it beats vLLM's own CPU kernel 2.0-2.5x at prefix 2048, G 16 (16/16
-heads) and ties it at G 2 or prefix 512: that kernel re-reads shared prefix blocks from the CPU's L3, so
-the hardware already dedups much of what the cascade saves (docs/zorro.md). Not measured end to end.
+Opt-in (as on CUDA). At the op level it beats vLLM's own CPU kernel on large groups and long prefixes and
+ties it on small ones: that kernel re-reads shared prefix blocks from the CPU's L3, so the hardware already
+dedups much of what the cascade saves (docs/zorro.md; runs in docs/benchmarks/). Not measured end to end.
 """
 
 from __future__ import annotations

@@ -11,11 +11,11 @@ suffix blocks that continues each row's softmax from its prefix result (the merg
 compiler (or for bf16 caches) it falls back to block gathers, two batched matmuls per pass and
 merge_attention_states.
 
-Measured on this machine (see docs/zorro.md): requests that share prefix blocks share their memory,
-so vLLM's own CPU decode kernel re-reads the prefix from L3 and the CPU cache already dedups most
-reads (6.7-8.2 ms at prefix 2048, suffix 64, G 16, 16/16 heads; 22-24 ms with a private prefix copy per
-request). The in-place cascade takes 3.1-3.4 ms there (2.0-2.5x; 1.15-1.48x at 32/8 heads; a tie,
-0.92-1.24x, at G 2 or 512-token prefixes). ZoRRo Inference is opt-in; enabled, the vLLM-CPU backend in
+Requests that share prefix blocks share their memory, so vLLM's own CPU decode kernel re-reads the
+prefix from L3 and the CPU cache already dedups most reads (a private prefix copy per request makes the
+same kernel several times slower). The in-place cascade still beats it on large groups and long prefixes
+and ties it on small ones (docs/zorro.md; runs in docs/benchmarks/). ZoRRo Inference is opt-in; enabled,
+the vLLM-CPU backend in
 `arctic_rl.zorro.vllm_backend` runs this function for decode batches. The CUDA backend is
 `arctic_rl.zorro.vllm_cuda`.
 

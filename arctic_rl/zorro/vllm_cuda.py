@@ -17,11 +17,10 @@ A pure-decode step (every request has one query token) with at least one group r
                  in request order: one Triton kernel (arctic_rl.zorro.merge_triton) where Triton is
                  installed, else merge_attention_rows / merge_attention_states in torch ops
 
-Measured on an H200 with torch's FlashAttention-2 (benchmarks/cascade_attention.py --device cuda,
-docs/zorro.md): at this batch size a decode step is a few tens of microseconds of KV reads, so every
-launch counts. The torch-op merge (~20 launches) made the cascade 1.0x launched eagerly; the Triton
-merge and the packing make it 3.0x (3.3x in GPU time) at 32/8 heads, G 16, prefix 2048. Splits add
-thread blocks (4.8x in GPU time) but also a query gather per step, which eager launches pay for, so
+Why it is shaped this way (benchmarks/cascade_attention.py --device cuda; runs in docs/benchmarks/): a
+decode step's KV reads are short on a GPU, so every launch counts. A merge in torch ops (many launches)
+cancelled the cascade's gain when launched eagerly; the Triton merge and the packing keep it. Splits add
+thread blocks (faster in GPU time) but also a query gather per step, which eager launches pay for, so
 they are off by default (SPLIT_TOKENS).
 
 Every other step (prefill, mixed batches, or no group) is vLLM's FlashAttentionImpl unchanged,
@@ -32,7 +31,7 @@ token and FlashAttention never sees an empty key range) and reused by all layers
 The step logic (`plan_cascade`, `cascade_decode_varlen`) is device-agnostic: tested on CPU with a
 plain-torch paged varlen attention in place of the kernel (tests/unit/arctic_rl/test_cascade_attention.py, the Triton
 merge under Triton's interpreter) and on an H200 with torch's FlashAttention-2 (tests/gpu/test_gpu.py).
-The backend classes need vLLM's CUDA build and have not run (vLLM was not on the GPU image we had).
+The backend classes need vLLM's CUDA build and have not run (no GPU run so far had vLLM installed).
 Full CUDA graphs cannot capture a data-dependent step, so the engine runs PIECEWISE graphs with
 attention eager (`arctic_rl.zorro.inference.vllm_engine_kwargs`).
 

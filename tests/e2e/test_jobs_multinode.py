@@ -30,6 +30,7 @@ import pytest
 from frameworks import check_skyrl_run, check_verl_run
 from mlflow.tracking import MlflowClient
 from repo_paths import REPO
+from skyrl_env import skyrl_python
 
 from jobs import slurm
 
@@ -280,8 +281,8 @@ def test_framework_path_on_two_nodes(
     """verl's own trainer (recipes/verl/run_tiny.sh) and SkyRL's (recipes/skyrl/run_tiny.sh: SkyRL in its own
     Python and Ray, the arctic-rl server it starts over HTTP joining the job's Ray) as a 2-node job through the
     same launcher (`--command`, run as given): arctic-rl's engines span both hosts."""
-    if framework == "skyrl" and not (REPO / ".venv-skyrl" / "bin" / "python").exists():
-        pytest.fail("no .venv-skyrl: run scripts/setup_skyrl_env.sh (make test does)")
+    if framework == "skyrl":
+        skyrl_python()
     arctic = "+actor_rollout_ref.arctic" if framework == "verl" else "+trainer.arctic"
     project = f"{framework}-2nodes"
     command = (

@@ -13,9 +13,9 @@ import sys
 import pytest
 from frameworks import check_skyrl_run, skip_if_run_on_two_hosts
 from repo_paths import REPO
+from skyrl_env import skyrl_python
 
 ROOT = REPO
-SKYRL_PY = ROOT / ".venv-skyrl" / "bin" / "python"
 
 
 def _free_port() -> int:
@@ -30,9 +30,9 @@ def test_skyrl_trainer_two_grpo_steps_on_arctic(tiny_llama, tmp_path, data):
     """toy: an arctic-rl recipe through env_class "arctic"; gsm8k: SkyRL's own GSM8K layout and skyrl-gym env."""
     if data == "toy":
         skip_if_run_on_two_hosts("tests/e2e/test_jobs_multinode.py::test_framework_path_on_two_nodes[skyrl]")
-    assert SKYRL_PY.exists(), f"{SKYRL_PY} missing: run scripts/setup_skyrl_env.sh (make test does)"
+    skyrl_py = skyrl_python()
     out = subprocess.run(
-        [str(SKYRL_PY), "-c", "import sys, skyrl_train; print(sys.version_info[:2])"], capture_output=True, text=True
+        [str(skyrl_py), "-c", "import sys, skyrl_train; print(sys.version_info[:2])"], capture_output=True, text=True
     )
     assert out.stdout.strip() == "(3, 12)", out.stderr
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
@@ -80,7 +80,7 @@ def test_skyrl_trainer_two_grpo_steps_on_arctic(tiny_llama, tmp_path, data):
 
 def test_skyrl_config_mapping_names_bad_values():
     """The SkyRL -> arctic-rl config and loss mapping, in SkyRL's own environment (its Hydra config)."""
-    assert SKYRL_PY.exists(), f"{SKYRL_PY} missing: run scripts/setup_skyrl_env.sh (make test does)"
+    skyrl_py = skyrl_python()
     code = r"""
 from hydra import compose, initialize_config_dir
 from skyrl_train.entrypoints.main_base import config_dir
@@ -108,7 +108,7 @@ with initialize_config_dir(config_dir=config_dir, version_base=None):
 print("ok")
 """
     env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"}
-    out = subprocess.run([str(SKYRL_PY), "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    out = subprocess.run([str(skyrl_py), "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stdout[-2000:] + out.stderr[-4000:]
 
 
@@ -116,7 +116,7 @@ print("ok")
 def test_skyrl_baseline_configs_compose(recipe):
     """recipes/skyrl/configs/<recipe>.sh: both backends' overrides compose with SkyRL's own Hydra config, pass
     SkyRL's validate_cfg, and the arctic-rl side gets the same device counts as the native placement."""
-    assert SKYRL_PY.exists(), f"{SKYRL_PY} missing: run scripts/setup_skyrl_env.sh (make test does)"
+    skyrl_py = skyrl_python()
     script = ROOT / "recipes/skyrl/configs" / f"{recipe}.sh"
     args = {
         b: subprocess.run(
@@ -154,7 +154,7 @@ print("ok", cc.training_gpus, cc.sampling_gpus)
 """
     env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"}
     out = subprocess.run(
-        [str(SKYRL_PY), "-c", code, __import__("json").dumps(args)],
+        [str(skyrl_py), "-c", code, __import__("json").dumps(args)],
         cwd=ROOT,
         env=env,
         capture_output=True,
@@ -168,7 +168,7 @@ def test_generator_one_request_per_group_length():
     """ArcticGenerator turns SkyRL's repeated rows back into groups: runs of a prompt -> one request with n = run
     length (one call per distinct length), samples back in row order, rewards from the `arctic` skyrl-gym env.
     The client here only records calls (the end-to-end test above uses the real one)."""
-    assert SKYRL_PY.exists(), f"{SKYRL_PY} missing: run scripts/setup_skyrl_env.sh (make test does)"
+    skyrl_py = skyrl_python()
     code = r"""
 import asyncio, json
 from omegaconf import OmegaConf
@@ -203,5 +203,5 @@ assert out["rewards"] == [0.0, 1.0, 0.0, 0.0, 1.0, 0.0, 0.0], out["rewards"]
 print("ok")
 """
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    out = subprocess.run([str(SKYRL_PY), "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    out = subprocess.run([str(skyrl_py), "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stdout[-2000:] + out.stderr[-4000:]
