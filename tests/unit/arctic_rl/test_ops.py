@@ -103,3 +103,24 @@ def test_ops_imports_nothing_of_the_server_or_engines():
     imported = [n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)]
     imported += [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
     assert not [m for m in imported if m and m.startswith(("arctic_rl.server", "arctic_rl.engines", "torch"))]
+
+
+def _op_names_used(path: Path, call: str | None) -> set[str]:
+    """Op names written as strings: the first argument of `self.<call>(...)`, or (call None) the strings `op`
+    is compared with."""
+    names = set()
+    for n in ast.walk(ast.parse(path.read_text())):
+        if call and isinstance(n, ast.Call) and ast.unparse(n.func) == f"self.{call}" and n.args:
+            names.add(ast.literal_eval(n.args[0]))
+        if call is None and isinstance(n, ast.Compare) and ast.unparse(n.left) == "op":
+            for c in n.comparators:
+                value = ast.literal_eval(c)
+                names.update([value] if isinstance(value, str) else value)
+    return names
+
+
+def test_the_client_and_the_request_checks_name_only_declared_ops():
+    used = _op_names_used(PACKAGE / "client" / "client.py", "_call")
+    assert used == set(OPS)  # every op has a client method that sends it, and no method sends another
+    checked = _op_names_used(PACKAGE / "server" / "requests.py", None)
+    assert checked and checked <= set(OPS), checked - set(OPS)
