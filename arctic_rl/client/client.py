@@ -1,4 +1,4 @@
-"""ArcticRLClient: the op set. Every op is synchronous; `submit` runs any op in the background
+"""ArcticRLClient: a method per op of arctic_rl/ops.py (the one declaration of the op set). Every op is synchronous; `submit` runs any op in the background
 and returns a Future (the async pipeline overlaps generate with training this way).
 
     from arctic_rl import ArcticRLClientConfig, create_arctic_rl_client
@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from arctic_rl import ops
 from arctic_rl.config import ArcticRLClientConfig
 
 Batch = dict[str, Any]
@@ -25,15 +26,20 @@ class ArcticRLClient:
         self.config = config  # holds the job_id of the running deployment
         self._pool: ThreadPoolExecutor | None = None
 
+    def _call(self, op: str, **kwargs):
+        # Bound against the declared op first: a call with a wrong argument never leaves this process.
+        ops.lookup(op).bind(kwargs)
+        return self._t.call(op, **kwargs)
+
     # -- sampling --------------------------------------------------------------------------------------------
     def generate(self, prompts: list[str] | list[list[int]], sampling_params: dict | None = None) -> list[dict]:
         """`len(prompts) * n` samples, prompt-major; each {prompt_token_ids, token_ids, text, logprobs,
         finish_reason}. sampling_params use vLLM's names (n, max_tokens, temperature, top_p, stop, seed, ...)."""
-        return self._t.call("generate", prompts=list(prompts), sampling_params=dict(sampling_params or {}))
+        return self._call("generate", prompts=list(prompts), sampling_params=dict(sampling_params or {}))
 
     def sampler_log_probs(self, sequences: list[list[int]], prompt_lens: list[int]) -> list[list[float]]:
         """The sampler's log-probs of the tokens after each sequence's prompt (vLLM prompt log-probs)."""
-        return self._t.call("sampler_log_probs", sequences=sequences, prompt_lens=prompt_lens)
+        return self._call("sampler_log_probs", sequences=sequences, prompt_lens=prompt_lens)
 
     # -- training -------------------------------------------------------------------------------------------
     def log_probs(
@@ -46,7 +52,7 @@ class ArcticRLClient:
     ) -> dict[str, torch.Tensor]:
         """{"log_probs": [B, R], "entropy": [B, R]?} from the trainer (or the reference model).
         `post_processor`: a name in the server's registry (built-ins, or its server.loss_modules)."""
-        return self._t.call(
+        return self._call(
             "log_probs",
             batch=batch,
             reference=reference,
@@ -60,7 +66,7 @@ class ArcticRLClient:
     ) -> dict[str, float]:
         """Accumulates gradients of `loss_fn` over the batch; returns its metrics. `loss_fn` and
         `post_processor` are names in the server's registry (built-ins, or its server.loss_modules)."""
-        return self._t.call(
+        return self._call(
             "forward_backward",
             batch=batch,
             loss_fn=loss_fn,
@@ -70,35 +76,35 @@ class ArcticRLClient:
 
     def optimizer_step(self) -> dict[str, float]:
         """Applies the accumulated gradients; returns {"grad_norm", "lr", "step"}."""
-        return self._t.call("optimizer_step")
+        return self._call("optimizer_step")
 
     def sync_weights(self) -> dict[str, float]:
         """Trainer weights -> every sampler replica, then checks they agree (norms and a log-prob probe)."""
-        return self._t.call("sync_weights")
+        return self._call("sync_weights")
 
     def update_reference(self) -> dict[str, float]:
-        return self._t.call("update_reference")
+        return self._call("update_reference")
 
     # -- lifecycle ------------------------------------------------------------------------------------------
     def sleep(self, engine: str) -> dict:
-        return self._t.call("sleep", engine=engine)
+        return self._call("sleep", engine=engine)
 
     def wake(self, engine: str) -> dict:
-        return self._t.call("wake", engine=engine)
+        return self._call("wake", engine=engine)
 
     def save_checkpoint(self, path: str) -> dict:
-        return self._t.call("save_checkpoint", path=str(path))
+        return self._call("save_checkpoint", path=str(path))
 
     def load_checkpoint(self, path: str) -> dict:
-        return self._t.call("load_checkpoint", path=str(path))
+        return self._call("load_checkpoint", path=str(path))
 
     def health(self) -> dict:
-        return self._t.call("health")
+        return self._call("health")
 
     def reconnect_config(self) -> ArcticRLClientConfig:
         """A config holding this deployment's job id: `create_arctic_rl_client(it)` re-attaches."""
         # The server's config holds no token (it is never serialized): keep this client's.
-        return ArcticRLClientConfig.from_json(self._t.call("reconnect_config")).model_copy(
+        return ArcticRLClientConfig.from_json(self._call("reconnect_config")).model_copy(
             update={"auth_token": self.config.auth_token}
         )
 
@@ -111,7 +117,7 @@ class ArcticRLClient:
     def shutdown(self) -> None:
         """Stops the engines of this deployment (and the HTTP server). The only op that stops anything."""
         try:
-            self._t.call("shutdown")
+            self._call("shutdown")
         finally:
             self._t.close(server_stopping=True)
             self._close_pool()

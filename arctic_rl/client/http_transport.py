@@ -1,4 +1,4 @@
-"""HTTP transport: `POST /v1/<op>` with wire messages. With no server at host:port (and no job_id),
+"""HTTP transport: `POST /v1/<op>` (arctic_rl.ops.route) with wire messages. With no server at host:port (and no job_id),
 starts `arctic-rl serve` on this machine and waits for it."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import httpx
 
-from arctic_rl import wire
+from arctic_rl import ops, wire
 from arctic_rl.config import TOKEN_ENV, ArcticRLClientConfig, state_dir
 from arctic_rl.errors import ERRORS, ArcticRLError, EngineDeadError
 
@@ -118,7 +118,7 @@ class HttpTransport:
 
     def call(self, op: str, **kwargs):
         try:
-            r = self.http.post(f"/v1/{op}", content=wire.encode(kwargs), headers={"content-type": wire.CONTENT_TYPE})
+            r = self.http.post(ops.route(op), content=wire.encode(kwargs), headers={"content-type": wire.CONTENT_TYPE})
         except httpx.TransportError as e:
             if op == "shutdown":
                 return "ok"

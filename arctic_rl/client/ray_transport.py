@@ -1,4 +1,5 @@
-"""Ray transport: calls the deployment's controller actor directly (tensors go through Ray's object store)."""
+"""Ray transport: calls the deployment's controller actor directly (`dispatch(op, kwargs)`; tensors go through
+Ray's object store)."""
 
 from __future__ import annotations
 
@@ -6,29 +7,10 @@ import os
 
 import ray
 
+from arctic_rl import ops
 from arctic_rl.client.launch import run_deploy
 from arctic_rl.config import ArcticRLClientConfig
-from arctic_rl.errors import ArcticRLError, EngineDeadError, ProtocolError
-
-NAMESPACE = "arctic-rl"  # the server's namespace (kept in sync by a test; the client cannot import it)
-OPS = frozenset(
-    {
-        "generate",
-        "sampler_log_probs",
-        "log_probs",
-        "forward_backward",
-        "optimizer_step",
-        "sync_weights",
-        "update_reference",
-        "sleep",
-        "wake",
-        "save_checkpoint",
-        "load_checkpoint",
-        "health",
-        "reconnect_config",
-        "shutdown",
-    }
-)
+from arctic_rl.errors import ArcticRLError, EngineDeadError
 
 
 class RayTransport:
@@ -43,7 +25,7 @@ class RayTransport:
             # No address: a fresh local Ray ("local"), never whatever cluster happens to run on this host.
             ray.init(
                 address=address or "local",
-                namespace=NAMESPACE,
+                namespace=ops.NAMESPACE,
                 ignore_reinit_error=True,
                 log_to_driver=False,
                 include_dashboard=False,
@@ -56,17 +38,13 @@ class RayTransport:
             )
         self.config = config
         try:
-            self.handle = ray.get_actor(f"controller-{config.job_id}", namespace=NAMESPACE)
+            self.handle = ray.get_actor(ops.controller_name(config.job_id), namespace=ops.NAMESPACE)
         except ValueError:
             raise EngineDeadError(f"no running deployment with job_id {config.job_id!r} on this Ray cluster") from None
 
     def call(self, op: str, **kwargs):
-        if op not in OPS:
-            raise ValueError(f"unknown op {op!r}")
-        try:
-            ref = getattr(self.handle, op).remote(**kwargs)
-        except TypeError as e:  # Ray checks the arguments against the method's signature
-            raise ProtocolError(f"bad arguments for {op}: {e}") from None
+        ops.lookup(op).bind(kwargs)  # a call that does not match the op never reaches the cluster
+        ref = self.handle.dispatch.remote(op, kwargs)
         try:
             return ray.get(ref, timeout=self.config.request_timeout_s)
         except ray.exceptions.RayTaskError as e:

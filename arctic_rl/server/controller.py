@@ -1,7 +1,10 @@
-"""The controller: one detached, named Ray actor per deployment. It owns the engine actors,
-validates every request, splits batches over workers and turns engine failures into typed errors.
+"""The controller: one detached, named Ray actor per deployment (arctic_rl.ops.controller_name). It owns the
+engine actors, validates every request, splits batches over workers and turns engine failures into typed errors.
 
-Both transports end here: the Ray client calls its methods directly, the HTTP server forwards to it.
+Both transports end in `dispatch(op, kwargs)`: the Ray client calls it directly, the HTTP server forwards to
+it. It binds the arguments against the op's declaration (arctic_rl.ops), runs the request checks
+(server/requests.py) and calls the method named after the op. Where the engines go is server/placers.py's
+business; whether the samplers hold the trainer's weights, server/weight_check.py's.
 Ops on different engines may run at once (generate while training: the async pipeline); ops on the
 same engine are serialized by that engine's lock.
 """
@@ -18,129 +21,16 @@ from pathlib import Path
 import ray
 import torch
 
+from arctic_rl import ops
 from arctic_rl.batch import LOG_PROBS_KEYS, TRAIN_KEYS, Batch, select_rows, split_micro_batches, validate_batch
 from arctic_rl.config import ArcticRLClientConfig, forget_deployment, sampler_dtype
-from arctic_rl.errors import ArcticRLError, ConfigError, EngineDeadError, EngineError, WeightSyncError
+from arctic_rl.errors import ArcticRLError, ConfigError, EngineDeadError, EngineError
 from arctic_rl.losses import load_loss_modules, resolve_loss_fn
-from arctic_rl.server import placement
+from arctic_rl.server import placement, weight_check
+from arctic_rl.server.placers import make_placer
 from arctic_rl.server.requests import ENGINES, check_request, checkpoint_path
 
-NAMESPACE = "arctic-rl"
 PING_TIMEOUT_S = 10.0
-
-
-def controller_name(job_id: str) -> str:
-    return f"controller-{job_id}"
-
-
-class _CpuPlacer:
-    """CPU clusters: token bundles (0.01 CPU: no real reservation, all
-    engines share the cores). Each engine's workers are dealt over the nodes: trainer rank r and sampler
-    replica r go to node r mod N, so a multi-node CPU cluster runs trainer ranks and sampler replicas on every
-    node. The tokens come from STRICT_SPREAD groups (one token per node each, as many groups as engines), so
-    every node holds a token for any engine dealt to it; the GCS places bundles from its own view of the
-    cluster, and an actor's lease then follows its bundle. (Ray's SPREAD is best effort: with 10 tokens over 2
-    nodes it left one node a single token. Soft node affinity is decided from the local raylet's view, which in
-    CI had not yet seen a node that had just joined, and packed every engine on one node.)"""
-
-    def __init__(self, cfg: ArcticRLClientConfig):
-        from ray.util.placement_group import placement_group, placement_group_table
-
-        n = placement.cpu_bundle_count(cfg)
-        num_nodes = max(1, sum(1 for node in ray.nodes() if node["Alive"] and node["Resources"].get("CPU", 0) > 0))
-        self.pgs = [
-            placement_group([dict(placement.CPU_BUNDLE)] * num_nodes, strategy="STRICT_SPREAD") for _ in range(n)
-        ]
-        for pg in self.pgs:
-            if not pg.wait(timeout_seconds=300):
-                raise ConfigError(
-                    f"Ray could not place engine tokens on {num_nodes} node(s) in 300 s "
-                    f"(cluster: {ray.cluster_resources()})"
-                )
-        by_node: dict[str, list[tuple]] = {}
-        for pg in self.pgs:
-            for b, node in sorted(placement_group_table(pg)["bundles_to_node_id"].items()):
-                by_node.setdefault(node, []).append((pg, b))
-        self.queues = [by_node[k] for k in sorted(by_node)]
-        self.num_trainers = cfg.training_gpus
-
-    def _take(self, slot: int) -> dict:
-        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
-
-        n = len(self.queues)
-        queue = next(self.queues[(slot + k) % n] for k in range(n) if self.queues[(slot + k) % n])
-        pg, bundle = queue.pop(0)
-        return {
-            "num_cpus": 0,
-            "scheduling_strategy": PlacementGroupSchedulingStrategy(
-                placement_group=pg, placement_group_bundle_index=bundle
-            ),
-        }
-
-    def trainer(self, rank: int) -> dict:
-        return self._take(rank)
-
-    def reference(self, rank: int) -> dict:
-        return self._take(self.num_trainers + rank)
-
-    def sampler(self, replica: int) -> tuple[dict, dict]:
-        return self._take(replica), {}
-
-    def release(self) -> None:
-        from ray.util.placement_group import remove_placement_group
-
-        for pg in self.pgs:
-            remove_placement_group(pg)
-
-
-class _GpuPlacer:
-    """GPU clusters: the layout of arctic_rl.server.placement (which engines share which one-GPU bundle,
-    the same one `arctic-rl plan` prints), made into one Ray placement group per pool. Not run with
-    TP > 1 here (no GPUs)."""
-
-    FRAC = placement.GPU_SHARE
-
-    def __init__(self, cfg: ArcticRLClientConfig):
-        self.layout = placement.gpu_layout(cfg)
-        self.pgs = {name: self._pool(n) for name, n in self.layout.pools.items()}
-
-    @staticmethod
-    def _pool(n: int):
-        from ray.util.placement_group import placement_group
-
-        pg = placement_group([dict(placement.BUNDLE)] * n, strategy="PACK")
-        if not pg.wait(timeout_seconds=300):
-            raise ConfigError(f"Ray could not reserve {n} GPU bundles in 300 s (cluster: {ray.cluster_resources()})")
-        return pg
-
-    def _opts(self, slot: placement.Slot) -> dict:
-        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
-
-        return {
-            "num_gpus": slot.gpu_share,
-            "num_cpus": 0,
-            "scheduling_strategy": PlacementGroupSchedulingStrategy(
-                placement_group=self.pgs[slot.pool],
-                placement_group_bundle_index=slot.bundle,
-                placement_group_capture_child_tasks=True,
-            ),
-        }
-
-    def trainer(self, rank: int) -> dict:
-        return self._opts(self.layout.trainers[rank])
-
-    def reference(self, rank: int) -> dict:
-        return self._opts(self.layout.references[rank])
-
-    def sampler(self, replica: int) -> tuple[dict, dict]:
-        slot = self.layout.samplers[replica]
-        return self._opts(slot), dict(slot.env)
-
-    def release(self) -> None:
-        from ray.util.placement_group import remove_placement_group
-
-        for pg in self.pgs.values():
-            remove_placement_group(pg)
 
 
 class Controller:
@@ -156,7 +46,7 @@ class Controller:
         self.step = 0
         env_vars = {"TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "")}
         env_vars = {k: v for k, v in env_vars.items() if v}
-        self.placer = place = (_GpuPlacer if ray.cluster_resources().get("GPU", 0) > 0 else _CpuPlacer)(cfg)
+        self.placer = place = make_placer(cfg)
         train_cls, sample_cls = ray.remote(TrainingWorker), ray.remote(SamplingWorker)
         env = {"env_vars": env_vars}
         self.trainers = [
@@ -248,11 +138,15 @@ class Controller:
     def config_json(self) -> str:
         return self.cfg.to_json()
 
-    def _check(self, op: str, **args) -> None:
+    def dispatch(self, op: str, kwargs: dict):
+        """Runs op `op` (a name in arctic_rl.ops.OPS) with `kwargs`, after binding them against its declaration
+        and checking them (a malformed request raises a 4xx error naming the argument); the methods below,
+        named after the ops, assume checked arguments."""
+        args = ops.lookup(op).bind(kwargs)
         check_request(op, args, self.cfg, self.vocab)
+        return getattr(self, op)(**args)
 
     def generate(self, prompts: list, sampling_params: dict) -> list[dict]:
-        self._check("generate", prompts=prompts, sampling_params=sampling_params)
         params = dict(sampling_params or {})
         with self._locked("sampling"):
             # Router: contiguous slices, so all n samples of a prompt (and neighbouring prompts that
@@ -275,14 +169,6 @@ class Controller:
         temperature: float = 1.0,
         post_processor: str = "log_probs",
     ) -> dict[str, torch.Tensor]:
-        self._check(
-            "log_probs",
-            batch=batch,
-            reference=reference,
-            compute_entropy=compute_entropy,
-            temperature=temperature,
-            post_processor=post_processor,
-        )
         B, P, R = validate_batch(batch, LOG_PROBS_KEYS)
         engine = "log_prob" if reference else "training"
         actors = self.ref if reference else self.trainers
@@ -301,9 +187,6 @@ class Controller:
     def forward_backward(
         self, batch: Batch, loss_fn: str = "grpo", loss_config: dict | None = None, post_processor: str = "log_probs"
     ) -> dict[str, float]:
-        self._check(
-            "forward_backward", batch=batch, loss_fn=loss_fn, loss_config=loss_config, post_processor=post_processor
-        )
         B, P, R = validate_batch(batch, TRAIN_KEYS)
         cfg = dict(loss_config or {})
         mask = batch["response_mask"]
@@ -374,56 +257,21 @@ class Controller:
         return {**check, "probe_max_abs_logprob_diff": self._probe_log_prob_diff()}
 
     def _compare_weights(self, state_ref) -> dict:
-        """Exact per-tensor comparison in the sampler's dtype: one optimizer step at lr 1e-6 moves fp32
-        weights by less than a tolerance on norms would notice, so nothing but equality is accepted."""
         results = self._get([s.check_weights.remote(state_ref) for s in self.samplers], "sampling")
-        for replica, res in enumerate(results):
-            if res["stale"] is not None:
-                name, diff = res["stale"]
-                raise WeightSyncError(
-                    f"sampler replica {replica} does not hold the trainer's weights: first stale tensor {name} "
-                    f"(max |sampler - trainer| {diff:.3g} in the sampler's dtype {sampler_dtype(self.cfg)}; "
-                    f"{res['checked'] - 1} tensors before it matched)"
-                )
-            if res["checked"] == 0:
-                raise WeightSyncError(
-                    f"sampler replica {replica}: no parameter could be compared with the "
-                    f"trainer's by name and shape ({res['unchecked']} unchecked)"
-                )
-        return {"checked_tensors": results[0]["checked"], "unchecked_tensors": results[0]["unchecked"]}
+        return weight_check.verify_replicas(results, sampler_dtype(self.cfg))
 
     def _probe_diff(self) -> tuple[float, float]:
-        """(max, mean) |trainer - sampler| log-prob over one fixed 32-token probe sequence."""
-        seq = [(7 * i + 3) % 256 + 1 for i in range(32)]
-        P = 8
-        ids = torch.tensor([seq])
-        batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "responses": ids[:, P:]}
-        trainer = self.log_probs(batch)["log_probs"][0]
-        sampler = torch.tensor(self._get(self.samplers[0].score.remote([seq], [P]), "sampling")[0])
-        diff = (trainer - sampler).abs()
-        return float(diff.max()), float(diff.mean())
+        trainer = self.dispatch("log_probs", {"batch": weight_check.probe_batch()})["log_probs"][0]
+        score = self.samplers[0].score.remote([weight_check.PROBE_SEQ], [weight_check.PROBE_PROMPT_LEN])
+        return weight_check.probe_diff(trainer, self._get(score, "sampling")[0])
 
     def _probe_log_prob_diff(self) -> float:
-        """Covers the weights vLLM-CPU repacks out of sight of the exact check. fp32 must agree to 1e-3.
-        In bf16 the two stacks' kernels differ by a few hundredths of a nat on average even with equal
-        weights, so the mean may be at most twice what it was at start-up (equal weights) + 0.01;
-        stale or wrong weights give differences of whole nats."""
         worst, mean = self._probe_diff()
-        if self.cfg.training_config.dtype == "float32":
-            bad, limit = worst > 1e-3, "max 1e-3"
-        else:
-            bound = 2 * self._probe_baseline + 0.01
-            bad, limit = mean > bound, f"mean {bound:.3g} (2x the start-up value + 0.01)"
-        if bad:
-            raise WeightSyncError(
-                f"after sync the sampler's log-probs differ from the trainer's: max {worst:.3g}, "
-                f"mean {mean:.3g}; allowed: {limit} ({self.cfg.training_config.dtype})"
-            )
+        weight_check.verify_probe(worst, mean, self._probe_baseline, self.cfg.training_config.dtype)
         return worst
 
     def sampler_log_probs(self, sequences: list[list[int]], prompt_lens: list[int]) -> list[list[float]]:
         """The sampler's log-probs of given tokens (checks, and vLLM-side log-prob engines)."""
-        self._check("sampler_log_probs", sequences=sequences, prompt_lens=prompt_lens)
         with self._locked("sampling"):
             return self._get(self.samplers[0].score.remote(sequences, prompt_lens), "sampling")
 
@@ -443,7 +291,6 @@ class Controller:
         return self._sleep_wake(engine, False)
 
     def _sleep_wake(self, engine: str, sleep: bool) -> dict:
-        self._check("sleep", engine=engine)
         with self.locks[engine]:
             if engine == "sampling":
                 self._get([s.sleep.remote() if sleep else s.wake.remote() for s in self.samplers], engine)

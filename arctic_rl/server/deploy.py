@@ -9,7 +9,8 @@ import ray
 
 from arctic_rl.config import ArcticRLClientConfig, record_deployment
 from arctic_rl.errors import ConfigError, EngineDeadError
-from arctic_rl.server.controller import NAMESPACE, Controller, controller_name
+from arctic_rl.ops import NAMESPACE, controller_name
+from arctic_rl.server.controller import Controller
 
 
 def init_ray(cfg: ArcticRLClientConfig) -> str:

@@ -1,4 +1,4 @@
-"""HTTP front end: `arctic-rl serve` (FastAPI + uvicorn). Every op is `POST /v1/<op>` with a wire
+"""HTTP front end: `arctic-rl serve` (FastAPI + uvicorn). Every op of arctic_rl.ops is `POST /v1/<op>` with a wire
 message (arctic_rl.wire: JSON tree + safetensors; never pickle) holding the op's keyword arguments;
 the answer is a wire message, or JSON {"type", "message"} with a 4xx/5xx status.
 
@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import hmac
-import inspect
 import json
 import os
 import socket
@@ -25,7 +24,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from starlette.concurrency import run_in_threadpool
 
-from arctic_rl import wire
+from arctic_rl import ops, wire
 from arctic_rl.config import TOKEN_ENV, ArcticRLClientConfig
 from arctic_rl.errors import (
     ERRORS,
@@ -38,29 +37,8 @@ from arctic_rl.errors import (
     TooLargeError,
 )
 from arctic_rl.losses import load_loss_modules
-from arctic_rl.server.controller import Controller
 from arctic_rl.server.deploy import deploy
 from arctic_rl.server.requests import check_request
-
-OPS = {
-    name: inspect.signature(getattr(Controller, name))
-    for name in (
-        "generate",
-        "sampler_log_probs",
-        "log_probs",
-        "forward_backward",
-        "optimizer_step",
-        "sync_weights",
-        "update_reference",
-        "sleep",
-        "wake",
-        "save_checkpoint",
-        "load_checkpoint",
-        "health",
-        "reconnect_config",
-        "shutdown",
-    )
-}
 
 
 def _error(e: ArcticRLError) -> JSONResponse:
@@ -110,38 +88,41 @@ def build_app(handle, cfg: ArcticRLClientConfig, on_shutdown=lambda: None) -> Fa
     async def healthz():  # liveness of the HTTP process only; engine health is POST /v1/health
         return {"ok": True, "job_id": cfg.job_id}
 
-    @app.post("/v1/{op}")
-    async def call(op: str, request: Request):
+    def endpoint(op: ops.Op):
+        async def call(request: Request):
+            try:
+                check_auth(request)
+                args = op.bind(await read_body(request))
+                # Checked here too (the controller checks again): a bad request never reaches Ray.
+                await run_in_threadpool(check_request, op.name, args, cfg)
+                result = await run_in_threadpool(_call_controller, handle, op.name, args)
+                if op.name == "shutdown":
+                    threading.Timer(0.5, on_shutdown).start()
+                return Response(wire.encode(result), media_type=wire.CONTENT_TYPE)
+            except ArcticRLError as e:
+                return _error(e)
+
+        return call
+
+    # One route per declared op (arctic_rl.ops), then a catch-all that names the known ones.
+    for op in ops.OPS.values():
+        app.add_api_route(ops.route(op.name), endpoint(op), methods=["POST"], name=op.name, summary=op.doc)
+
+    @app.post(ops.route("{name}"))
+    async def unknown_op(name: str, request: Request):
         try:
             check_auth(request)
-            if op not in OPS:
-                return JSONResponse(
-                    {"type": "ProtocolError", "message": f"unknown op {op!r}; known: {sorted(OPS)}"}, status_code=404
-                )
-            kwargs = await read_body(request)
-            known = [p for p in OPS[op].parameters if p != "self"]
-            unknown = sorted(set(kwargs) - set(known))
-            if unknown:
-                raise ProtocolError(f"unknown argument(s) {unknown} for {op}; expected some of {known}")
-            try:
-                OPS[op].bind(None, **kwargs)
-            except TypeError as e:
-                raise ProtocolError(f"bad arguments for {op}: {e}") from None
-            # Checked here too (the controller checks again): a bad request never reaches Ray.
-            await run_in_threadpool(check_request, op, kwargs, cfg)
-            result = await run_in_threadpool(_call_controller, handle, op, kwargs)
-            if op == "shutdown":
-                threading.Timer(0.5, on_shutdown).start()
-            return Response(wire.encode(result), media_type=wire.CONTENT_TYPE)
         except ArcticRLError as e:
             return _error(e)
+        message = f"unknown op {name!r:.60}; known: {sorted(ops.OPS)}"
+        return JSONResponse({"type": "ProtocolError", "message": message}, status_code=404)
 
     return app
 
 
 def _call_controller(handle, op: str, kwargs: dict):
     try:
-        return ray.get(getattr(handle, op).remote(**kwargs))
+        return ray.get(handle.dispatch.remote(op, kwargs))
     except ray.exceptions.RayTaskError as e:
         if isinstance(e.cause, ArcticRLError):
             raise type(e.cause)(str(e.cause)) from None

@@ -1,6 +1,6 @@
 """Where each engine goes: the placement decision as plain data, no Ray needed to compute it.
 
-The controller turns a `GpuLayout` into Ray placement groups at deploy time (arctic_rl/server/controller.py),
+The controller turns a `GpuLayout` into Ray placement groups at deploy time (arctic_rl/server/placers.py),
 and `arctic-rl plan` (arctic_rl/plan.py) lays the same layout out over nodes before anything is queued, so
 the plan and the deployment cannot disagree about which engines share a device.
 
@@ -12,7 +12,7 @@ three per device); a sampler with tensor parallelism sits in its first bundle wi
 Ray executor puts its TP workers on the replica's bundles (VLLM_RAY_BUNDLE_INDICES).
 
 CPU clusters: cpu_bundle_count STRICT_SPREAD groups of token bundles (one per node each), dealt at deploy time
-over the nodes Ray put them on (that part depends on Ray's answer, so it stays in the controller).
+over the nodes Ray put them on (that part depends on Ray's answer, so it is placers.py's).
 """
 
 from __future__ import annotations

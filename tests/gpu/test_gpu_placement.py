@@ -92,26 +92,26 @@ def test_tensor_parallel_sampler_layout(two_gpu_cluster):
     workers take the shares, on the bundles named in VLLM_RAY_BUNDLE_INDICES) and keeps CUDA visible."""
     import ray
 
-    from arctic_rl.server.controller import _GpuPlacer
+    from arctic_rl.server.placers import GpuPlacer
 
     ray.init(address=two_gpu_cluster.address)
     cfg = ArcticRLClientConfig(
         model_name="unused", training_gpus=2, sampling_gpus=2, vllm_config={"tensor_parallel_size": 2}
     )
-    place = _GpuPlacer(cfg)
+    place = GpuPlacer(cfg)
     try:
         opts, env = place.sampler(0)
         assert opts["num_gpus"] == 0 and opts["scheduling_strategy"].placement_group_bundle_index == 0
         assert opts["scheduling_strategy"].placement_group_capture_child_tasks  # vLLM's workers join the pool
         assert env == {
             "VLLM_RAY_BUNDLE_INDICES": "0,1",
-            "VLLM_RAY_PER_WORKER_GPUS": str(_GpuPlacer.FRAC),
+            "VLLM_RAY_PER_WORKER_GPUS": str(GpuPlacer.FRAC),
             "RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES": "1",
         }
         t1 = place.trainer(1)
-        assert t1["num_gpus"] == _GpuPlacer.FRAC and t1["scheduling_strategy"].placement_group_bundle_index == 1
+        assert t1["num_gpus"] == GpuPlacer.FRAC and t1["scheduling_strategy"].placement_group_bundle_index == 1
         # per device at most: trainer + reference + one TP worker
-        assert 3 * _GpuPlacer.FRAC <= 1
+        assert 3 * GpuPlacer.FRAC <= 1
         assert ray.available_resources().get("GPU", 0) == 0  # the colocated pool holds both devices
     finally:
         place.release()
