@@ -4,6 +4,12 @@ Every config model forbids unknown keys; an error names the dotted path, the val
 the keys that are allowed there:
 
     train.stpes: Extra inputs are not permitted (allowed: steps, prompts_per_step, ppo_epochs, mini_batch_size, micro_batch_size)
+
+A flat mapping that travels on its own (a loss_config, sampling_params, a recipe's options) is explained with
+its `name`, in the words its users know from the request or the YAML they wrote:
+
+    loss_config['clip_ratio'] = '0.2': expected a number
+    unknown loss_config key(s) ['clip_ratio_hgih']; known: ['clip_ratio', 'clip_ratio_c', ...]
 """
 
 from __future__ import annotations
@@ -47,8 +53,20 @@ def allowed_keys(model: type[BaseModel], path: tuple[Any, ...]) -> list[str] | N
     return [_key(n, f) for n, f in cls.model_fields.items()]
 
 
-def explain(e: ValidationError, model: type[BaseModel] | None = None) -> str:
-    """One line per error: `dotted.path: message (got value)`; unknown keys list the allowed ones."""
+def _message(err: Any) -> str:
+    return err["msg"].removeprefix("Value error, ")
+
+
+def explain(
+    e: ValidationError, model: type[BaseModel] | None = None, *, name: str | None = None, noun: str = "key"
+) -> str:
+    """One line per error: `dotted.path: message (got value)`; unknown keys list the allowed ones.
+
+    With `name` (a flat mapping checked on its own) the errors read `name['key'] = value: message`, and the
+    unknown keys together `unknown <name> <noun>(s) [...]; known: [...]`. A validator's message that starts
+    with its field's key already names the field and the value: it reads `name message`."""
+    if name is not None:
+        return _explain_mapping(e, model, name, noun)
     lines = []
     for err in e.errors():
         loc = tuple(err["loc"])
@@ -58,8 +76,31 @@ def explain(e: ValidationError, model: type[BaseModel] | None = None) -> str:
             hint = f" (allowed: {', '.join(allowed)})" if allowed else ""
             lines.append(f"{where}: {err['msg']}{hint}")
             continue
-        msg = err["msg"].removeprefix("Value error, ")
+        msg = _message(err)
         val = err.get("input")
         shown = "" if isinstance(val, dict) or err["type"] in ("value_error", "missing") else f" (got {val!r})"
         lines.append(f"{where}: {msg}{shown}" if where else f"{msg}{shown}")
+    return "; ".join(lines)
+
+
+def _explain_mapping(e: ValidationError, model: type[BaseModel] | None, name: str, noun: str) -> str:
+    lines, unknown = [], []
+    for err in e.errors():
+        loc = tuple(err["loc"])
+        if err["type"] == "extra_forbidden" and len(loc) == 1:
+            unknown.append(str(loc[0]))
+            continue
+        msg = _message(err)
+        if not loc:  # a check across keys: its message names them
+            lines.append(msg)
+        elif msg.startswith(f"{loc[0]} "):
+            lines.append(f"{name} {msg}")
+        else:
+            key = "".join(f"[{part!r}]" for part in loc)
+            shown = "" if err["type"] == "missing" else f" = {err.get('input')!r}"
+            lines.append(f"{name}{key}{shown}: {msg}")
+    if unknown:
+        allowed = allowed_keys(model, ()) if model is not None else None
+        known = f"; known: {sorted(allowed)}" if allowed else ""
+        lines.insert(0, f"unknown {' '.join(filter(None, (name, noun)))}(s) {sorted(unknown)}{known}")
     return "; ".join(lines)
