@@ -20,6 +20,10 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from arctic_rl.errors import ConfigError
+
+M = typing.TypeVar("M", bound=BaseModel)
+
 
 class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", populate_by_name=True, validate_assignment=True)
@@ -53,18 +57,27 @@ def allowed_keys(model: type[BaseModel], path: tuple[Any, ...]) -> list[str] | N
     return [_key(n, f) for n, f in cls.model_fields.items()]
 
 
+def parse(model: type[M], data: Any, *, name: str | None = None, noun: str | None = None) -> M:
+    """`model` validated from `data`, or ConfigError (a ValueError) with explain's message."""
+    try:
+        return model.model_validate(data)
+    except ValidationError as e:
+        raise ConfigError(explain(e, model, name=name, noun=noun)) from None
+
+
 def _message(err: Any) -> str:
     return err["msg"].removeprefix("Value error, ")
 
 
 def explain(
-    e: ValidationError, model: type[BaseModel] | None = None, *, name: str | None = None, noun: str = "key"
+    e: ValidationError, model: type[BaseModel] | None = None, *, name: str | None = None, noun: str | None = None
 ) -> str:
     """One line per error: `dotted.path: message (got value)`; unknown keys list the allowed ones.
 
     With `name` (a flat mapping checked on its own) the errors read `name['key'] = value: message`, and the
-    unknown keys together `unknown <name> <noun>(s) [...]; known: [...]`. A validator's message that starts
-    with its field's key already names the field and the value: it reads `name message`."""
+    unknown keys together `unknown <noun>(s) [...]; known: [...]` (noun: `<name> key` unless given). A
+    validator's message that starts with its field's key already names the field and the value: it reads
+    `name message` (`recipe option num_shots must be an integer >= 0, got -1`)."""
     if name is not None:
         return _explain_mapping(e, model, name, noun)
     lines = []
@@ -83,7 +96,7 @@ def explain(
     return "; ".join(lines)
 
 
-def _explain_mapping(e: ValidationError, model: type[BaseModel] | None, name: str, noun: str) -> str:
+def _explain_mapping(e: ValidationError, model: type[BaseModel] | None, name: str, noun: str | None) -> str:
     lines, unknown = [], []
     for err in e.errors():
         loc = tuple(err["loc"])
@@ -102,5 +115,5 @@ def _explain_mapping(e: ValidationError, model: type[BaseModel] | None, name: st
     if unknown:
         allowed = allowed_keys(model, ()) if model is not None else None
         known = f"; known: {sorted(allowed)}" if allowed else ""
-        lines.insert(0, f"unknown {' '.join(filter(None, (name, noun)))}(s) {sorted(unknown)}{known}")
+        lines.insert(0, f"unknown {noun or f'{name} key'}(s) {sorted(unknown)}{known}")
     return "; ".join(lines)

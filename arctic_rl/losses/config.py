@@ -18,10 +18,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BeforeValidator, ConfigDict, ValidationError, field_validator, model_validator
+from pydantic import AfterValidator, BeforeValidator, ConfigDict, field_validator, model_validator
 
 from arctic_rl.errors import ConfigError
-from arctic_rl.strict import Strict, explain
+from arctic_rl.strict import Strict, parse
 
 AGG_MODES = ("token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 KL_TYPES = ("k1", "kl", "abs", "k2", "mse", "k3", "low_var_kl")
@@ -171,7 +171,4 @@ def parse_loss_config(loss: str, config: dict | None) -> LossConfigBase | None:
         return None
     if config is not None and not isinstance(config, dict):
         raise ConfigError(f"loss_config must be a mapping, got {type(config).__name__}")
-    try:
-        return model.model_validate(config or {})
-    except ValidationError as e:
-        raise ConfigError(explain(e, model, name="loss_config")) from None
+    return parse(model, config or {}, name="loss_config")
