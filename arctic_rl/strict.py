@@ -65,6 +65,12 @@ def parse(model: type[M], data: Any, *, name: str | None = None, noun: str | Non
         raise ConfigError(explain(e, model, name=name, noun=noun)) from None
 
 
+def _shown(value: Any) -> str:
+    """repr of a value, cut: a value may be a request's hostile megabyte."""
+    text = repr(value)
+    return text if len(text) <= 120 else text[:117] + "..."
+
+
 def _message(err: Any) -> str:
     return err["msg"].removeprefix("Value error, ")
 
@@ -91,7 +97,7 @@ def explain(
             continue
         msg = _message(err)
         val = err.get("input")
-        shown = "" if isinstance(val, dict) or err["type"] in ("value_error", "missing") else f" (got {val!r})"
+        shown = "" if isinstance(val, dict) or err["type"] in ("value_error", "missing") else f" (got {_shown(val)})"
         lines.append(f"{where}: {msg}{shown}" if where else f"{msg}{shown}")
     return "; ".join(lines)
 
@@ -110,7 +116,7 @@ def _explain_mapping(e: ValidationError, model: type[BaseModel] | None, name: st
             lines.append(f"{name} {msg}")
         else:
             key = "".join(f"[{part!r}]" for part in loc)
-            shown = "" if err["type"] == "missing" else f" = {err.get('input')!r}"
+            shown = "" if err["type"] == "missing" else f" = {_shown(err.get('input'))}"
             lines.append(f"{name}{key}{shown}: {msg}")
     if unknown:
         allowed = allowed_keys(model, ()) if model is not None else None
