@@ -163,12 +163,12 @@ class SFTConfig(LossConfigBase):
 LOSS_CONFIGS: dict[str, type[LossConfigBase]] = {"grpo": GRPOConfig, "sft": SFTConfig}
 
 
-def parse_loss_config(loss: str, config: dict | None) -> LossConfigBase | None:
+def parse_loss_config(loss: str, config: dict | None, name: str = "loss_config") -> LossConfigBase | None:
     """The validated config of the built-in loss `loss` (None for a plugin loss, whose config is its own);
-    raises ConfigError naming the key, the value and what is allowed."""
+    raises ConfigError naming the key (as `name['key']`), the value and what is allowed."""
     model = LOSS_CONFIGS.get(loss)
     if model is None:
         return None
     if config is not None and not isinstance(config, dict):
-        raise ConfigError(f"loss_config must be a mapping, got {type(config).__name__}")
-    return parse(model, config or {}, name="loss_config")
+        raise ConfigError(f"{name} must be a mapping, got {type(config).__name__}")
+    return parse(model, config or {}, name=name)
