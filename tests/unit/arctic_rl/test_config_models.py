@@ -69,3 +69,11 @@ def test_a_hostile_value_is_cut_in_the_message():
     with pytest.raises(ConfigError) as e:
         check_sampling_params({"stop": [1] * 100_000}, ArcticRLClientConfig(model_name="org/m"))
     assert "sampling_params['stop']" in str(e.value) and len(str(e.value)) < 300
+
+
+def test_a_zorro_inference_dict_is_checked_by_its_model():
+    from arctic_rl.zorro.inference import vllm_engine_kwargs
+
+    # a typo left ZoRRo Inference silently off before
+    with pytest.raises(ConfigError, match=r"unknown zorro_inference key\(s\) \['enabel'\]; known: \['enable'"):
+        vllm_engine_kwargs({"enabel": True}, "cpu")
