@@ -57,10 +57,13 @@ def allowed_keys(model: type[BaseModel], path: tuple[Any, ...]) -> list[str] | N
     return [_key(n, f) for n, f in cls.model_fields.items()]
 
 
-def parse(model: type[M], data: Any, *, name: str | None = None, noun: str | None = None) -> M:
-    """`model` validated from `data`, or ConfigError (a ValueError) with explain's message."""
+def parse(
+    model: type[M], data: Any, *, name: str | None = None, noun: str | None = None, context: dict | None = None
+) -> M:
+    """`model` validated from `data` (validators see `context`), or ConfigError (a ValueError) with explain's
+    message."""
     try:
-        return model.model_validate(data)
+        return model.model_validate(data, context=context)
     except ValidationError as e:
         raise ConfigError(explain(e, model, name=name, noun=noun)) from None
 

@@ -14,13 +14,13 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import torch
-from pydantic import BeforeValidator, ValidationError, ValidationInfo
+from pydantic import BeforeValidator, ValidationInfo
 
 from arctic_rl.batch import FLOAT_KEYS, INT_KEYS, LOG_PROBS_KEYS, TRAIN_KEYS, BatchError, validate_batch
 from arctic_rl.config import ArcticRLClientConfig
 from arctic_rl.errors import BatchFormatError, ConfigError, UnknownNameError
 from arctic_rl.losses import resolve_loss_fn, resolve_post_processor
-from arctic_rl.strict import Strict, explain
+from arctic_rl.strict import Strict, parse
 
 ENGINES = ("training", "log_prob", "sampling")
 
@@ -125,10 +125,7 @@ def check_sampling_params(params: Any, cfg: ArcticRLClientConfig) -> dict:
         "logprobs": 20,
         "seed": 2**63 - 1,
     }
-    try:
-        SamplingParams.model_validate(params, context={"limits": limits})
-    except ValidationError as e:
-        raise ConfigError(explain(e, SamplingParams, name="sampling_params")) from None
+    parse(SamplingParams, params, name="sampling_params", context={"limits": limits})
     return params
 
 
