@@ -68,10 +68,14 @@ def parse(
         raise ConfigError(explain(e, model, name=name, noun=noun)) from None
 
 
+MAX_SHOWN = 120  # characters of a value's repr in a message
+MAX_KEYS_SHOWN = 20  # unknown keys named in a message
+
+
 def _shown(value: Any) -> str:
-    """repr of a value, cut: a value may be a request's hostile megabyte."""
+    """repr of a value, cut: a value (or a key) may be a request's hostile megabyte."""
     text = repr(value)
-    return text if len(text) <= 120 else text[:117] + "..."
+    return text if len(text) <= MAX_SHOWN else text[: MAX_SHOWN - 3] + "..."
 
 
 def _message(err: Any) -> str:
@@ -86,7 +90,7 @@ def explain(
     With `name` (a flat mapping checked on its own) the errors read `name['key'] = value: message`, and the
     unknown keys together `unknown <noun>(s) [...]; known: [...]` (noun: `<name> key` unless given). A
     validator's message that starts with its field's key already names the field and the value: it reads
-    `name message` (`recipe option num_shots must be an integer >= 0, got -1`)."""
+    `name message` (`recipe.options num_shots must be an integer >= 0, got -1`)."""
     if name is not None:
         return _explain_mapping(e, model, name, noun)
     lines = []
@@ -124,5 +128,6 @@ def _explain_mapping(e: ValidationError, model: type[BaseModel] | None, name: st
     if unknown:
         allowed = allowed_keys(model, ()) if model is not None else None
         known = f"; known: {sorted(allowed)}" if allowed else ""
-        lines.insert(0, f"unknown {noun or f'{name} key'}(s) {sorted(unknown)}{known}")
+        keys = [_shown(k) for k in sorted(unknown)[:MAX_KEYS_SHOWN]] + ["..."] * (len(unknown) > MAX_KEYS_SHOWN)
+        lines.insert(0, f"unknown {noun or f'{name} key'}(s) [{', '.join(keys)}]{known}")
     return "; ".join(lines)

@@ -69,6 +69,11 @@ def test_a_hostile_value_is_cut_in_the_message():
     with pytest.raises(ConfigError) as e:
         check_sampling_params({"stop": [1] * 100_000}, ArcticRLClientConfig(model_name="org/m"))
     assert "sampling_params['stop']" in str(e.value) and len(str(e.value)) < 300
+    with pytest.raises(ConfigError) as e:  # so may its keys be
+        check_sampling_params(
+            {f"k{i}" + "x" * 10_000: 1 for i in range(1000)}, ArcticRLClientConfig(model_name="org/m")
+        )
+    assert str(e.value).startswith("unknown sampling_params key(s) ['k0xxx") and len(str(e.value)) < 4000
 
 
 def test_a_zorro_inference_dict_is_checked_by_its_model():
