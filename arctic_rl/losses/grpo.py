@@ -74,6 +74,7 @@ Legend: B rows, R response columns.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import cast
 
 import torch
 from torch import Tensor
@@ -110,7 +111,7 @@ GSPO_LOG_RATIO_MAX = 10.0
 def parse_config(config: dict | None) -> GRPOConfig:
     """Validates a loss_config dict (arctic_rl.losses.config.GRPOConfig); raises ConfigError, a ValueError,
     naming the key, the value and what is allowed."""
-    return parse_loss_config("grpo", config)
+    return cast(GRPOConfig, parse_loss_config("grpo", config))  # a built-in loss: never None
 
 
 # ---------------------------------------------------------------------------------------------

@@ -17,6 +17,8 @@ Legend: B rows, R response columns.
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 
 from arctic_rl.losses import register_loss_fn
@@ -28,7 +30,7 @@ SFT_KEYS = tuple(SFTConfig.model_fields)
 
 @register_loss_fn("sft")
 def sft_loss(outputs: dict, batch: dict, config: dict | None) -> tuple[torch.Tensor, dict[str, float]]:
-    cfg = parse_loss_config("sft", config)
+    cfg = cast(SFTConfig, parse_loss_config("sft", config))  # a built-in loss: never None
     logp_BR = output_log_probs(outputs)
     mask_BR = batch_tensor(batch, "response_mask", logp_BR.shape, "the sft loss")
     loss = agg_loss(-logp_BR, mask_BR, cfg.loss_agg_mode, **agg_options(cfg))
