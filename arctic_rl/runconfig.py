@@ -5,7 +5,9 @@
 
 Sections: model, backend (ArcticRLClientConfig fields except model_name), recipe, sampling, train,
 loss, advantage, reference, async, checkpoint, resume, tracking, sleep_engines, seed. Every model forbids unknown
-keys, so a typo is an error naming its dotted path (`train.stpes: Extra inputs are not permitted`).
+keys, so a typo is an error naming its dotted path (`train.stpes: Extra inputs are not permitted`); so do
+`loss.config` (the built-in losses' models, arctic_rl.losses.config) and `recipe.options` (the recipe's
+`parse_options`), checked when the file parses.
 
 Overrides are `dotted.key=value`; the value is parsed as a YAML scalar (`train.steps=10` is an int,
 `sampling.stop=[]` a list, `resume=never` a string).
@@ -17,6 +19,8 @@ training_config.micro_batch_size = groups x sampling.n rows; a conflicting expli
 
 from __future__ import annotations
 
+import importlib
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
@@ -25,6 +29,7 @@ from pydantic import Field, ValidationError, model_validator
 
 from arctic_rl.config import ArcticRLClientConfig
 from arctic_rl.errors import ConfigError
+from arctic_rl.losses.config import parse_loss_config
 from arctic_rl.strict import Strict, explain
 
 
@@ -53,7 +58,10 @@ class ModelConfig(Strict):
 
 class RecipeConfig(Strict):
     name: str = Field(..., min_length=1, description="the package recipes.<name>")
-    options: dict[str, Any] = Field(default_factory=dict, description="load_examples('train', **options)")
+    options: dict[str, Any] = Field(
+        default_factory=dict,
+        description="load_examples('train', **options); checked by the recipe's parse_options (its options model)",
+    )
 
 
 class SamplingConfig(Strict):
@@ -86,7 +94,11 @@ class TrainConfig(Strict):
 
 class LossConfig(Strict):
     name: str = "grpo"
-    config: dict[str, Any] = Field(default_factory=dict, description="the loss_config of forward_backward")
+    config: dict[str, Any] = Field(
+        default_factory=dict,
+        description="the loss_config of forward_backward; checked by the loss's model for the built-in ones "
+        "(arctic_rl.losses.config)",
+    )
 
 
 class AdvantageConfig(Strict):
@@ -172,6 +184,31 @@ class RunConfig(Strict):
         self._client_config(resolve_yarn=False)  # the backend section is validated here, with its dotted names
         return self
 
+    @model_validator(mode="after")
+    def _check_loss_and_recipe(self):
+        # The built-in losses' configs and the recipe's options are models too, checked now: a typo there
+        # must not wait for the first training step (or the first eval, after hours of training).
+        parse_loss_config(self.loss.name, self.loss.config, name="loss.config")
+        parse_options = _recipe_options_parser(self.recipe.name)
+        if parse_options is None:
+            return self
+        stages = [("recipe.options", self.recipe.options)]
+        if self.eval.split:
+            stages.append(("eval.options (over recipe.options)", self.stage_options(self.eval.options)))
+        if self.sft_warmup.epochs:
+            stages.append(("sft_warmup.options (over recipe.options)", self.stage_options(self.sft_warmup.options)))
+        for where, options in stages:
+            try:
+                parse_options(options)
+            except ValueError as e:
+                msg = str(e)
+                raise ValueError(msg if msg.startswith(where) else f"{where}: {msg}") from None
+        return self
+
+    def stage_options(self, overrides: dict) -> dict:
+        """A stage's recipe options (eval, sft_warmup): its own over recipe.options; a key set to None is dropped."""
+        return {k: v for k, v in {**self.recipe.options, **overrides}.items() if v is not None}
+
     @property
     def use_reference(self) -> bool:
         if self.reference.enable is not None:
@@ -246,6 +283,19 @@ class RunConfig(Strict):
         except ConfigError as e:
             msg = str(e).replace("invalid ArcticRLClientConfig: ", "backend.").replace("; ", "; backend.")
             raise ValueError(msg.replace("backend.model_name", "model.name_or_path")) from None
+
+
+def _recipe_options_parser(name: str) -> Callable[[dict], Any] | None:
+    """The recipe's `parse_options` (its options model, raising ConfigError), or None: a recipe without one,
+    or one not importable here (the loop names it when it imports the recipe)."""
+    module = f"recipes.{name}"
+    try:
+        recipe = importlib.import_module(module)
+    except ModuleNotFoundError as e:
+        if e.name is not None and module.startswith(e.name):
+            return None
+        raise
+    return getattr(recipe, "parse_options", None)
 
 
 def _imply(section: dict, key: str, value: Any, source: str, target: str) -> None:

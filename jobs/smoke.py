@@ -20,31 +20,41 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import yaml
+from pydantic import Field, ValidationError
 
-DEFAULTS: dict[str, object] = {
-    "steps": 3,
-    "step_s": 0.2,
-    "engines": 1,
-    "checkpoint.dir": "",
-    "resume": "auto",
-    "experiment": "",
-    "run_name": "smoke",
-    "fail_at_step": -1,
-}
+from arctic_rl.strict import Strict, explain
+
+
+class SmokeConfig(Strict):
+    steps: int = 3
+    step_s: float = 0.2
+    engines: int = 1
+    checkpoint_dir: str | None = Field("", alias="checkpoint.dir")
+    resume: str = "auto"
+    experiment: str | None = ""
+    run_name: str = "smoke"
+    fail_at_step: int = -1
+
+
+DEFAULTS: dict[str, object] = SmokeConfig().model_dump(by_alias=True)
 
 
 def parse(argv: Sequence[str]) -> dict[str, object]:
+    """The config (CONFIG.yaml, then key=value overrides) by key, checked by SmokeConfig."""
     if not argv:
         raise SystemExit("usage: python -m jobs.smoke CONFIG.yaml [key=value ...]")
-    cfg = dict(DEFAULTS)
+    raw: dict[str, object] = {}
     if argv[0] != "-":
-        cfg.update(yaml.safe_load(Path(argv[0]).read_text()) or {})
+        raw.update(yaml.safe_load(Path(argv[0]).read_text()) or {})
     for item in argv[1:]:
         key, sep, value = item.partition("=")
-        if not sep or key not in DEFAULTS:
-            raise SystemExit(f"jobs.smoke: bad override {item!r}; keys: {', '.join(DEFAULTS)}")
-        cfg[key] = type(DEFAULTS[key])(value) if not isinstance(DEFAULTS[key], str) else value
-    return cfg
+        if not sep:
+            raise SystemExit(f"jobs.smoke: bad override {item!r}: expected key=value; keys: {', '.join(DEFAULTS)}")
+        raw[key] = value
+    try:
+        return SmokeConfig.model_validate(raw).model_dump(by_alias=True)
+    except ValidationError as e:
+        raise SystemExit(f"jobs.smoke: {explain(e, SmokeConfig)}") from None
 
 
 def last_checkpoint(folder: Path) -> int:

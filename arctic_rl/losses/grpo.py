@@ -29,7 +29,8 @@
   global_num_tokens        (engine)       response tokens in the whole global batch
   global_num_seqs          (engine)       rows with >= 1 response token in the whole global batch
 
-Unknown keys raise ValueError (a typo must not silently fall back to a default); `temperature` and
+The keys are checked by the model arctic_rl.losses.config.GRPOConfig: unknown keys and bad values raise
+ConfigError, a ValueError (a typo must not silently fall back to a default); `temperature` and
 `compute_entropy` are accepted and ignored: the engine's post-processor reads them.
 
 Off-policy data (decoupled PPO, as verl's "decoupled" rollout-correction mode): three policies,
@@ -73,191 +74,44 @@ Legend: B rows, R response columns.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from typing import cast
 
 import torch
 from torch import Tensor
 
 from arctic_rl.losses import register_loss_fn
+from arctic_rl.losses.common import agg_loss, agg_options, batch_tensor, masked_mean, output_log_probs
+from arctic_rl.losses.config import (
+    AGG_MODES,
+    KL_TYPES,
+    POLICY_LOSS_NAMES,
+    POST_PROCESSOR_KEYS,
+    GRPOConfig,
+    is_threshold,
+    parse_loss_config,
+)
 
-AGG_MODES = ("token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
-KL_TYPES = ("k1", "kl", "abs", "k2", "mse", "k3", "low_var_kl")
-# Read by the engine's post-processor from the same loss_config (arctic_rl/engines/training.py); ignored here.
-POST_PROCESSOR_KEYS = ("temperature", "compute_entropy")
+__all__ = [
+    "AGG_MODES",
+    "KL_TYPES",
+    "POST_PROCESSOR_KEYS",
+    "SUM_METRICS",
+    "GRPOConfig",
+    "agg_loss",
+    "grpo_loss",
+    "masked_mean",
+    "parse_config",
+]
+
 SUM_METRICS = frozenset({"actor/pg_loss", "actor/kl_loss", "actor/entropy", "actor/sft_loss"})
 LOG_RATIO_BOUND = 20.0  # verl clamps log-ratios to +-20 before exp (exp(20) ~ 5e8)
 GSPO_LOG_RATIO_MAX = 10.0
 
 
-# ---------------------------------------------------------------------------------------------
-# config
-
-
-@dataclass(frozen=True)
-class GRPOConfig:
-    policy_loss: str = "ppo"
-    clip_ratio: float = 0.2
-    clip_ratio_low: float | None = None
-    clip_ratio_high: float | None = None
-    clip_ratio_c: float = 3.0
-    m2_threshold: float = 0.04
-    loss_agg_mode: str = "token-mean"
-    loss_scale_factor: float | None = None
-    entropy_coeff: float = 0.0
-    use_kl_loss: bool = False
-    kl_loss_coef: float = 0.001
-    kl_loss_type: str = "low_var_kl"
-    rollout_is: str | None = None
-    rollout_is_threshold: float | str = 2.0
-    prox_logp_method: str = "recompute"
-    prox_alpha: float | None = None
-    prox_staleness: int | None = None
-    global_num_tokens: float | None = None
-    global_num_seqs: float | None = None
-
-    @property
-    def clip_low(self) -> float:
-        return self.clip_ratio if self.clip_ratio_low is None else self.clip_ratio_low
-
-    @property
-    def clip_high(self) -> float:
-        return self.clip_ratio if self.clip_ratio_high is None else self.clip_ratio_high
-
-
-def _bad(key: str, value, want: str) -> ValueError:
-    return ValueError(f"loss_config[{key!r}] = {value!r}: {want}")
-
-
-def _number(
-    cfg: dict, key: str, default, *, min_value: float | None = None, above: float | None = None, optional: bool = False
-):
-    value = cfg.get(key, default)
-    if value is None and optional:
-        return None
-    if isinstance(value, torch.Tensor) and value.numel() == 1:
-        value = value.item()
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise _bad(key, value, "expected a number")
-    if min_value is not None and value < min_value:
-        raise _bad(key, value, f"must be >= {min_value}")
-    if above is not None and value <= above:
-        raise _bad(key, value, f"must be > {above}")
-    return float(value)
-
-
-def _choice(cfg: dict, key: str, default, choices) -> str:
-    value = cfg.get(key, default)
-    if value not in choices:
-        raise _bad(key, value, f"expected one of {list(choices)}")
-    return value
-
-
-def _is_threshold(value) -> tuple[float, float | None]:
-    """(upper, lower or None) from verl's rollout_is_threshold spec: 2.0 or "0.5_2.0"."""
-    lower = None
-    try:
-        if isinstance(value, str) and "_" in value:
-            lo, hi = value.split("_", 1)
-            lower, upper = float(lo), float(hi)
-        elif isinstance(value, bool):
-            raise TypeError
-        else:
-            upper = float(value)
-    except (TypeError, ValueError):
-        raise _bad("rollout_is_threshold", value, 'expected a float or a "lower_upper" string like "0.5_2.0"') from None
-    if upper <= 0 or (lower is not None and not 0 < lower <= upper):
-        raise _bad("rollout_is_threshold", value, "bounds must satisfy 0 < lower <= upper")
-    return upper, lower
-
-
 def parse_config(config: dict | None) -> GRPOConfig:
-    """Validates a loss_config dict; raises ValueError naming the key and value."""
-    cfg = {k: v for k, v in (config or {}).items() if k not in POST_PROCESSOR_KEYS}
-    known = set(GRPOConfig.__dataclass_fields__) | set(POST_PROCESSOR_KEYS)
-    unknown = sorted(set(cfg) - known)
-    if unknown:
-        raise ValueError(f"unknown loss_config key(s) {unknown}; known: {sorted(known)}")
-    use_kl = cfg.get("use_kl_loss", False)
-    if not isinstance(use_kl, bool):
-        raise _bad("use_kl_loss", use_kl, "expected true or false")
-    kl_type = cfg.get("kl_loss_type", "low_var_kl")
-    if not isinstance(kl_type, str) or kl_type.removesuffix("+") not in KL_TYPES:
-        raise _bad("kl_loss_type", kl_type, f"expected one of {list(KL_TYPES)}, optionally with a '+' suffix")
-    threshold = cfg.get("rollout_is_threshold", 2.0)
-    _is_threshold(threshold)
-    out = GRPOConfig(
-        policy_loss=_choice(cfg, "policy_loss", "ppo", POLICY_LOSSES),
-        clip_ratio=_number(cfg, "clip_ratio", 0.2, min_value=0.0),
-        clip_ratio_low=_number(cfg, "clip_ratio_low", None, min_value=0.0, optional=True),
-        clip_ratio_high=_number(cfg, "clip_ratio_high", None, min_value=0.0, optional=True),
-        clip_ratio_c=_number(cfg, "clip_ratio_c", 3.0, above=1.0),
-        m2_threshold=_number(cfg, "m2_threshold", 0.04, min_value=0.0),
-        loss_agg_mode=_choice(cfg, "loss_agg_mode", "token-mean", AGG_MODES),
-        loss_scale_factor=_number(cfg, "loss_scale_factor", None, above=0.0, optional=True),
-        entropy_coeff=_number(cfg, "entropy_coeff", 0.0),
-        use_kl_loss=use_kl,
-        kl_loss_coef=_number(cfg, "kl_loss_coef", 0.001),
-        kl_loss_type=kl_type,
-        rollout_is=_choice(cfg, "rollout_is", None, (None, "token", "sequence")),
-        rollout_is_threshold=threshold,
-        prox_logp_method=_choice(cfg, "prox_logp_method", "recompute", ("recompute", "loglinear")),
-        prox_alpha=_number(cfg, "prox_alpha", None, min_value=0.0, optional=True),
-        prox_staleness=_number(cfg, "prox_staleness", None, min_value=1.0, optional=True),
-        global_num_tokens=_number(cfg, "global_num_tokens", None, min_value=0.0, optional=True),
-        global_num_seqs=_number(cfg, "global_num_seqs", None, min_value=0.0, optional=True),
-    )
-    if out.prox_alpha is not None and out.prox_alpha > 1.0:
-        raise _bad("prox_alpha", out.prox_alpha, "must be in [0, 1]")
-    if out.prox_logp_method == "loglinear" and (out.prox_alpha is None) == (out.prox_staleness is None):
-        raise ValueError(
-            "prox_logp_method='loglinear' needs exactly one of loss_config['prox_alpha'] "
-            f"(got {out.prox_alpha!r}) and loss_config['prox_staleness'] (got {out.prox_staleness!r})"
-        )
-    if out.prox_logp_method == "recompute" and (out.prox_alpha is not None or out.prox_staleness is not None):
-        raise ValueError(
-            "loss_config['prox_alpha'] / ['prox_staleness'] only apply with "
-            "prox_logp_method='loglinear' (got prox_logp_method='recompute')"
-        )
-    return out
-
-
-# ---------------------------------------------------------------------------------------------
-# aggregation
-
-
-def agg_loss(
-    loss_BR: torch.Tensor,
-    mask_BR: torch.Tensor,
-    mode: str,
-    *,
-    num_tokens: float | None = None,
-    num_seqs: float | None = None,
-    scale_factor: float | None = None,
-) -> torch.Tensor:
-    """verl's agg_loss with dp_size=1: `num_tokens` / `num_seqs` are the global normalizers (local
-    counts when None). An empty batch gives 0, not verl's 0/0 = NaN."""
-    mask_BR = mask_BR.bool()
-    tok_sum_B = torch.where(mask_BR, loss_BR, 0.0).sum(-1)  # where, not *: inf * 0 would be NaN
-    n_B = mask_BR.sum(-1)
-    if mode == "token-mean":
-        n = float(n_B.sum()) if num_tokens is None else num_tokens
-        return tok_sum_B.sum() / max(n, 1.0)
-    if mode == "token-sum":
-        return tok_sum_B.sum()
-    if mode not in AGG_MODES:
-        raise _bad("loss_agg_mode", mode, f"expected one of {list(AGG_MODES)}")
-    has_tokens_B = n_B > 0  # rows without response tokens are not sequences
-    per_seq_B = tok_sum_B / (n_B + 1e-8) if mode == "seq-mean-token-mean" else tok_sum_B
-    s = float(has_tokens_B.sum()) if num_seqs is None else num_seqs
-    loss = torch.where(has_tokens_B, per_seq_B, 0.0).sum() / max(s, 1.0)
-    if mode == "seq-mean-token-sum-norm":
-        loss = loss / (mask_BR.shape[-1] if scale_factor is None else scale_factor)  # verl: default R
-    return loss
-
-
-def masked_mean(x_BR: torch.Tensor, mask_BR: torch.Tensor) -> torch.Tensor:
-    """verl's masked_mean (sum / (count + 1e-8)), for metrics."""
-    return torch.where(mask_BR.bool(), x_BR, 0.0).sum() / (mask_BR.sum() + 1e-8)
+    """Validates a loss_config dict (arctic_rl.losses.config.GRPOConfig); raises ConfigError, a ValueError,
+    naming the key, the value and what is allowed."""
+    return cast(GRPOConfig, parse_loss_config("grpo", config))  # a built-in loss: never None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -366,6 +220,7 @@ POLICY_LOSSES: dict[str, PolicyLoss] = {
     "cispo": cispo_policy_loss,
     "m2po": m2po_policy_loss,
 }
+assert tuple(POLICY_LOSSES) == POLICY_LOSS_NAMES  # the config's Literal names these
 
 
 # ---------------------------------------------------------------------------------------------
@@ -386,7 +241,7 @@ def kl_estimate(logp_BR: torch.Tensor, ref_BR: torch.Tensor, kind: str) -> torch
         x_BR = (-diff_BR).clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND)
         kl_BR = (x_BR.exp() - x_BR - 1).clamp(-10, 10)
     else:
-        raise _bad("kl_loss_type", kind, f"expected one of {list(KL_TYPES)}")
+        raise ValueError(f"loss_config['kl_loss_type'] = {kind!r}: expected one of {list(KL_TYPES)}")
     if kind.endswith("+") and base not in ("k2", "mse"):
         # k1/k3 estimate KL's value without bias but not its gradient; k2's gradient is the right one
         k2_BR = 0.5 * diff_BR.square()
@@ -411,7 +266,7 @@ def rollout_is_weights(
         if cfg.rollout_is == "sequence":
             log_w_BR = log_w_BR.sum(-1, keepdim=True).expand_as(log_w_BR)
         raw_BR = log_w_BR.clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND).exp() * mask_BR
-        upper, lower = _is_threshold(cfg.rollout_is_threshold)
+        upper, lower = is_threshold(cfg.rollout_is_threshold)
         if lower is None:
             w_BR = raw_BR.clamp(max=upper)
             out_BR = raw_BR > upper
@@ -429,16 +284,6 @@ def rollout_is_weights(
 # the loss
 
 
-def _tensor(batch: dict, key: str, shape: torch.Size, why: str) -> torch.Tensor:
-    if key not in batch or batch[key] is None:
-        raise ValueError(f"batch is missing {key!r}, needed for {why}")
-    x = batch[key]
-    if not isinstance(x, torch.Tensor) or x.shape != shape:
-        got = list(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
-        raise ValueError(f"batch[{key!r}] must have shape {list(shape)} like outputs['log_probs'], got {got}")
-    return x
-
-
 def _advantages(batch: dict, logp_BR: torch.Tensor) -> torch.Tensor:
     adv = batch.get("advantages")
     if not isinstance(adv, torch.Tensor):
@@ -451,37 +296,27 @@ def _advantages(batch: dict, logp_BR: torch.Tensor) -> torch.Tensor:
     return adv
 
 
-def _log_probs(outputs: dict) -> torch.Tensor:
-    logp = outputs.get("log_probs") if isinstance(outputs, dict) else None
-    if not isinstance(logp, torch.Tensor) or logp.dim() != 2:
-        got = list(logp.shape) if isinstance(logp, torch.Tensor) else type(logp).__name__
-        raise ValueError(f"outputs['log_probs'] must be a [B, R] tensor, got {got}")
-    return logp
-
-
-def agg_options(cfg: GRPOConfig) -> dict:
-    return {"num_tokens": cfg.global_num_tokens, "num_seqs": cfg.global_num_seqs, "scale_factor": cfg.loss_scale_factor}
-
-
 @register_loss_fn("grpo")
 def grpo_loss(outputs: dict, batch: dict, config: dict | None) -> tuple[torch.Tensor, dict[str, float]]:
     """The GRPO-family loss; see the module docstring for every config key and metric."""
     cfg = parse_config(config)
-    logp_BR = _log_probs(outputs)
+    logp_BR = output_log_probs(outputs)
     shape = logp_BR.shape
-    mask_BR = _tensor(batch, "response_mask", shape, "every loss").bool()
+    mask_BR = batch_tensor(batch, "response_mask", shape, "every loss").bool()
     adv_BR = _advantages(batch, logp_BR).to(logp_BR.dtype)
     agg = agg_options(cfg)
     metrics: dict[str, torch.Tensor] = {}
 
     decoupled = cfg.rollout_is is not None or cfg.prox_logp_method == "loglinear"
     behav_BR = (
-        _tensor(batch, "rollout_log_probs", shape, "rollout_is / prox_logp_method='loglinear'") if decoupled else None
+        batch_tensor(batch, "rollout_log_probs", shape, "rollout_is / prox_logp_method='loglinear'")
+        if decoupled
+        else None
     )
     if cfg.prox_logp_method == "loglinear":
         prox_BR = loglinear_proximal(behav_BR, logp_BR, cfg)
     else:
-        prox_BR = _tensor(batch, "old_log_probs", shape, "the policy ratio")
+        prox_BR = batch_tensor(batch, "old_log_probs", shape, "the policy ratio")
 
     pg_BR, pg_metrics = POLICY_LOSSES[cfg.policy_loss](logp_BR, prox_BR, adv_BR, mask_BR, cfg)
     metrics.update(pg_metrics)
@@ -508,7 +343,7 @@ def grpo_loss(outputs: dict, batch: dict, config: dict | None) -> tuple[torch.Te
             loss = loss - cfg.entropy_coeff * entropy
 
     if cfg.use_kl_loss:
-        ref_BR = _tensor(batch, "ref_log_prob", shape, "use_kl_loss")
+        ref_BR = batch_tensor(batch, "ref_log_prob", shape, "use_kl_loss")
         kl_loss = agg_loss(kl_estimate(logp_BR, ref_BR, cfg.kl_loss_type), mask_BR, cfg.loss_agg_mode, **agg)
         loss = loss + cfg.kl_loss_coef * kl_loss
         metrics["actor/kl_loss"] = kl_loss

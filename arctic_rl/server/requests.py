@@ -11,28 +11,18 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import torch
+from pydantic import BeforeValidator, ValidationInfo
 
 from arctic_rl.batch import FLOAT_KEYS, INT_KEYS, LOG_PROBS_KEYS, TRAIN_KEYS, BatchError, validate_batch
 from arctic_rl.config import ArcticRLClientConfig
 from arctic_rl.errors import BatchFormatError, ConfigError, UnknownNameError
 from arctic_rl.losses import resolve_loss_fn, resolve_post_processor
+from arctic_rl.strict import Strict, parse
 
 ENGINES = ("training", "log_prob", "sampling")
-# vLLM's SamplingParams names we accept, by the type each must have.
-_INT_PARAMS = {"n": 1, "max_tokens": 1, "min_tokens": 0, "top_k": -1, "logprobs": 0, "seed": 0}
-_FLOAT_PARAMS = {
-    "temperature": (0.0, None),
-    "top_p": (0.0, 1.0),
-    "min_p": (0.0, 1.0),
-    "presence_penalty": (-2.0, 2.0),
-    "frequency_penalty": (-2.0, 2.0),
-    "repetition_penalty": (0.0, None),
-}
-_BOOL_PARAMS = ("ignore_eos", "include_stop_str_in_output", "skip_special_tokens")
-SAMPLING_KEYS = frozenset(_INT_PARAMS) | frozenset(_FLOAT_PARAMS) | frozenset(_BOOL_PARAMS) | {"stop", "stop_token_ids"}
 
 
 def _is_int(x) -> bool:
@@ -52,14 +42,81 @@ def _token_list(x, vocab: int | None) -> bool:
     )
 
 
+def _int(lo: int) -> BeforeValidator:
+    """An int >= lo, and <= the server's limit for this key (validation context `limits`) where it has one."""
+
+    def check(v: Any, info: ValidationInfo) -> Any:
+        hi = (info.context or {}).get("limits", {}).get(info.field_name)
+        if not _is_int(v) or v < lo or (hi is not None and v > hi):
+            rng = f">= {lo}" if hi is None else f"in [{lo}, {hi}]"
+            raise ValueError(f"must be an int {rng}")
+        return v
+
+    return BeforeValidator(check)
+
+
+def _float(lo: float, hi: float | None = None, zero_ok: bool = True) -> BeforeValidator:
+    def check(v: Any) -> Any:
+        if not _is_number(v) or v < lo or (hi is not None and v > hi) or (not zero_ok and v == 0):
+            raise ValueError(f"must be a finite number in [{lo}, {hi if hi is not None else 'inf'}]")
+        return v
+
+    return BeforeValidator(check)
+
+
+def _bool(v: Any) -> Any:
+    if not isinstance(v, bool):
+        raise ValueError("must be true or false")
+    return v
+
+
+def _stop(v: Any) -> Any:
+    if v is not None and not (isinstance(v, str) or isinstance(v, list) and all(isinstance(s, str) for s in v)):
+        raise ValueError("must be a string or a list of strings")
+    return v
+
+
+def _stop_token_ids(v: Any) -> Any:
+    if v is not None and not (isinstance(v, list) and all(_is_int(t) and t >= 0 for t in v)):
+        raise ValueError("must be a list of token ids")
+    return v
+
+
+Bool = Annotated[bool | None, BeforeValidator(_bool)]
+
+
+class SamplingParams(Strict):
+    """vLLM's SamplingParams names we accept, with the types and ranges vLLM takes. Only checks: the request's
+    dict goes to vLLM as sent (no defaults added). n, max_tokens, min_tokens, logprobs and seed are bounded by
+    the validation context's `limits` (the server's)."""
+
+    n: Annotated[int | None, _int(1)] = None
+    max_tokens: Annotated[int | None, _int(1)] = None
+    min_tokens: Annotated[int | None, _int(0)] = None
+    top_k: Annotated[int | None, _int(-1)] = None
+    logprobs: Annotated[int | None, _int(0)] = None
+    seed: Annotated[int | None, _int(0)] = None
+    temperature: Annotated[float | None, _float(0.0)] = None
+    top_p: Annotated[float | None, _float(0.0, 1.0, zero_ok=False)] = None
+    min_p: Annotated[float | None, _float(0.0, 1.0)] = None
+    presence_penalty: Annotated[float | None, _float(-2.0, 2.0)] = None
+    frequency_penalty: Annotated[float | None, _float(-2.0, 2.0)] = None
+    repetition_penalty: Annotated[float | None, _float(0.0)] = None
+    ignore_eos: Bool = None
+    include_stop_str_in_output: Bool = None
+    skip_special_tokens: Bool = None
+    stop: Annotated[str | list[str] | None, BeforeValidator(_stop)] = None
+    stop_token_ids: Annotated[list[int] | None, BeforeValidator(_stop_token_ids)] = None
+
+
+SAMPLING_KEYS = frozenset(SamplingParams.model_fields)
+
+
 def check_sampling_params(params: Any, cfg: ArcticRLClientConfig) -> dict:
     """vLLM's names with the types and ranges vLLM takes, n and max_tokens within the server's limits.
-    Raises ConfigError naming the key and the value."""
+    Raises ConfigError naming the key and the value; returns `params` as given."""
     if not isinstance(params, dict):
         raise ConfigError(f"sampling_params must be a dict, got {type(params).__name__}")
-    unknown = sorted(set(params) - SAMPLING_KEYS)
-    if unknown:
-        raise ConfigError(f"unknown sampling_params key(s) {unknown}; known: {sorted(SAMPLING_KEYS)}")
     max_tokens = cfg.server.max_tokens or cfg.vllm_config.max_seq_len
     limits = {
         "n": cfg.server.max_n,
@@ -68,32 +125,7 @@ def check_sampling_params(params: Any, cfg: ArcticRLClientConfig) -> dict:
         "logprobs": 20,
         "seed": 2**63 - 1,
     }
-    for key, lo in _INT_PARAMS.items():
-        if key not in params:
-            continue
-        v, hi = params[key], limits.get(key)
-        if not _is_int(v) or v < lo or (hi is not None and v > hi):
-            rng = f">= {lo}" if hi is None else f"in [{lo}, {hi}]"
-            raise ConfigError(f"sampling_params[{key!r}] must be an int {rng}, got {v!r}")
-    for key, (lo, hi) in _FLOAT_PARAMS.items():
-        if key in params:
-            v = params[key]
-            if not _is_number(v) or v < lo or (hi is not None and v > hi) or (key == "top_p" and v == 0):
-                raise ConfigError(
-                    f"sampling_params[{key!r}] must be a finite number in "
-                    f"[{lo}, {hi if hi is not None else 'inf'}], got {v!r}"
-                )
-    for key in _BOOL_PARAMS:
-        if key in params and not isinstance(params[key], bool):
-            raise ConfigError(f"sampling_params[{key!r}] must be true or false, got {params[key]!r}")
-    stop = params.get("stop")
-    if stop is not None and not (
-        isinstance(stop, str) or isinstance(stop, list) and all(isinstance(s, str) for s in stop)
-    ):
-        raise ConfigError(f"sampling_params['stop'] must be a string or a list of strings, got {stop!r:.80}")
-    ids = params.get("stop_token_ids")
-    if ids is not None and not (isinstance(ids, list) and all(_is_int(t) and t >= 0 for t in ids)):
-        raise ConfigError(f"sampling_params['stop_token_ids'] must be a list of token ids, got {ids!r:.80}")
+    parse(SamplingParams, params, name="sampling_params", context={"limits": limits})
     return params
 
 

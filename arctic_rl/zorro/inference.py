@@ -17,14 +17,18 @@ import json
 import os
 from typing import Any
 
+from arctic_rl.config import ZorroInferenceConfig
+from arctic_rl.strict import parse
 
-def _as_dict(cfg: Any) -> dict:
+
+def _as_config(cfg: Any) -> ZorroInferenceConfig:
+    """The config's model; a dict is checked by it (a typo such as `enabel` must not leave ZoRRo off)."""
     if cfg is None:
-        return {}
+        return ZorroInferenceConfig()
     if isinstance(cfg, dict):
-        return cfg
+        return parse(ZorroInferenceConfig, cfg, name="zorro_inference")
     if hasattr(cfg, "model_dump"):
-        return cfg.model_dump()
+        return parse(ZorroInferenceConfig, cfg.model_dump(), name="zorro_inference")
     raise TypeError(f"zorro_inference config must be a dict or a pydantic model, got {type(cfg).__name__}")
 
 
@@ -41,8 +45,8 @@ def _install(device_type: str, min_group_size: int, min_prefix_len: int) -> None
 
 def vllm_engine_kwargs(zorro_inference: Any, device_type: str | None = None) -> dict[str, Any]:
     """Installs what this zorro_inference config asks for in this process; returns extra kwargs for vllm.LLM."""
-    cfg = _as_dict(zorro_inference)
-    if not cfg.get("enable"):
+    cfg = _as_config(zorro_inference)
+    if not cfg.enable:
         return {}
     if device_type is None:
         import torch
@@ -50,7 +54,7 @@ def vllm_engine_kwargs(zorro_inference: Any, device_type: str | None = None) -> 
         device_type = "cuda" if torch.cuda.is_available() else "cpu"
     if device_type not in ("cpu", "cuda"):
         raise ValueError(f"zorro_inference.enable=True: no ZoRRo Inference backend for device {device_type!r}")
-    min_group_size, min_prefix_len = int(cfg.get("min_group_size", 2)), int(cfg.get("min_prefix_len", 256))
+    min_group_size, min_prefix_len = cfg.min_group_size, cfg.min_prefix_len
     knobs = {"device": device_type, "min_group_size": min_group_size, "min_prefix_len": min_prefix_len}
     os.environ[ENV] = json.dumps(knobs)  # for vLLM worker processes: vllm_plugin reads it
     _install(device_type, min_group_size, min_prefix_len)

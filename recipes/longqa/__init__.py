@@ -29,8 +29,12 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
+from pydantic import ConfigDict, field_validator, model_validator
+
+from arctic_rl.strict import Strict, parse
 from recipes.longqa.prompts import (
     BOXED_PROMPT,
     LONGBENCH_PROMPTS,
@@ -47,38 +51,65 @@ from recipes.longqa.schema import Passage, QAExample
 
 _SPLIT_SEED_OFFSET = {"train": 0, "validation": 1, "dev": 1, "test": 2}
 _SYNTH_KNOBS = ("num_distractors", "hops", "question_types", "filler")
-_KNOWN_OPTIONS = frozenset(
-    {
-        "data_format",
-        "data_path",
-        "task",
-        "num_examples",
-        "context_tokens",
-        "pad_from_pool",
-        "prompt_style",
-        "tokenizer",
-        "length_fn",
-        "reward_mode",
-        "seed",
-        "cache_dir",
-        *_SYNTH_KNOBS,
-    }
-)
+
+
+class LongQAOptions(Strict):
+    """The recipe's options (`recipe.options` of a run config); see the module docstring. load_examples reads
+    the ones set (the synthetic knobs only apply when set), with the defaults there."""
+
+    model_config = ConfigDict(frozen=True, validate_assignment=False)
+
+    data_format: str = "synthetic"
+    data_path: str | Mapping[str, Any] | None = None
+    task: str | None = None
+    num_examples: int | None = None
+    context_tokens: int | None = None
+    pad_from_pool: bool = False
+    prompt_style: str = "longbench"
+    tokenizer: str | None = None
+    length_fn: Callable[[str], int] | None = None
+    reward_mode: str = "substring"
+    seed: int = 0
+    cache_dir: str | Path | None = None
+    num_distractors: int | None = None
+    hops: int | None = None
+    question_types: list[str] | None = None
+    filler: str | None = None
+
+    @field_validator("prompt_style")
+    @classmethod
+    def _style(cls, v: str) -> str:
+        if v not in PROMPT_STYLES:
+            raise ValueError(f"prompt_style must be one of {PROMPT_STYLES}, got {v!r}")
+        return v
+
+    @field_validator("reward_mode")
+    @classmethod
+    def _mode(cls, v: str) -> str:
+        if v not in MODES:
+            raise ValueError(f"reward_mode must be one of {MODES}, got {v!r}")
+        return v
+
+    @model_validator(mode="after")
+    def _pool_needs_budget(self):
+        if self.pad_from_pool and self.context_tokens is None:
+            raise ValueError("recipe.options.pad_from_pool needs context_tokens (the budget to fill), got None")
+        return self
+
+
+_KNOWN_OPTIONS = frozenset(LongQAOptions.model_fields)
+
+
+def parse_options(options: Mapping[str, Any]) -> LongQAOptions:
+    """Raises ConfigError (a ValueError) naming the option and the value."""
+    return parse(LongQAOptions, dict(options), name="recipe.options", noun="option")
 
 
 def load_examples(split: str, **options: Any) -> list[dict]:
     """Examples in the recipe contract's shape: `messages`, `answers`, and what `reward` needs."""
-    unknown = sorted(set(options) - _KNOWN_OPTIONS)
-    if unknown:
-        raise ValueError(f"recipe.options: unknown option(s) {unknown}; known: {sorted(_KNOWN_OPTIONS)}")
+    options = parse_options(options).model_dump(exclude_unset=True)  # the options set, validated
     style = options.get("prompt_style", "longbench")
-    if style not in PROMPT_STYLES:
-        raise ValueError(f"recipe.options.prompt_style must be one of {PROMPT_STYLES}, got {style!r}")
     mode = options.get("reward_mode", "substring")
-    if mode not in MODES:
-        raise ValueError(f"recipe.options.reward_mode must be one of {MODES}, got {mode!r}")
-    if options.get("pad_from_pool") and options.get("context_tokens") is None:
-        raise ValueError("recipe.options.pad_from_pool needs context_tokens (the budget to fill), got None")
     tokenizer = _load_tokenizer(options.get("tokenizer"))
     length_fn = options.get("length_fn") or (
         (lambda text: len(tokenizer.encode(text, add_special_tokens=False))) if tokenizer else whitespace_length

@@ -21,9 +21,12 @@ from __future__ import annotations
 
 import random
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
+
+from pydantic import BeforeValidator, ConfigDict, ValidationInfo, field_validator, model_validator
+
+from arctic_rl.strict import Strict, parse
 
 # Imported eagerly, before `def reward` below: importing a submodule sets it as an attribute of
 # this package, so a lazy `import recipes.text2sql.reward` would replace the `reward` function
@@ -33,51 +36,75 @@ from recipes.text2sql.reward import RewardOptions, score
 SCHEMA_TABLES = ("all", "relevant")
 
 
-@dataclass(frozen=True)
-class Text2SQLOptions:
-    data_dir: str | None = None
-    cache_dir: str | None = None
+def _int_at_least(low: int, unset_ok: bool = False):
+    def check(v: Any, info: ValidationInfo) -> Any:
+        if v is None and unset_ok:
+            return v
+        if not isinstance(v, int) or isinstance(v, bool) or v < low:
+            unset = " or unset" if unset_ok else ""
+            raise ValueError(f"{info.field_name} must be an integer >= {low}{unset}, got {v!r}")
+        return v
+
+    return BeforeValidator(check)
+
+
+class Text2SQLOptions(Strict):
+    """The recipe's options (`recipe.options` of a run config); see the module docstring."""
+
+    model_config = ConfigDict(frozen=True, validate_assignment=False)
+
+    data_dir: str | Path | None = None
+    cache_dir: str | Path | None = None
     schema_tables: str = "all"
-    num_shots: int = 0
+    num_shots: Annotated[int, _int_at_least(0)] = 0
     prefill: bool = False
-    num_values: int = 3
+    num_values: Annotated[int, _int_at_least(0)] = 3
     difficulties: tuple[str, ...] | None = None
-    limit: int | None = None
+    limit: Annotated[int | None, _int_at_least(1, unset_ok=True)] = None
     seed: int = 0
     execution_credit: float = 0.1
     format_credit: float = 0.0
     timeout_s: float = 30.0
     transpile: bool = True
 
-    def __post_init__(self) -> None:
-        if self.schema_tables not in SCHEMA_TABLES:
-            raise ValueError(f"recipe option schema_tables must be one of {SCHEMA_TABLES}, got {self.schema_tables!r}")
-        for name in ("num_shots", "num_values"):
-            v = getattr(self, name)
-            if not isinstance(v, int) or isinstance(v, bool) or v < 0:
-                raise ValueError(f"recipe option {name} must be an integer >= 0, got {v!r}")
-        if not isinstance(self.prefill, bool):
-            raise ValueError(f"recipe option prefill must be true or false, got {self.prefill!r}")
-        if self.limit is not None and (not isinstance(self.limit, int) or self.limit < 1):
-            raise ValueError(f"recipe option limit must be an integer >= 1 or unset, got {self.limit!r}")
-        if isinstance(self.difficulties, str):
-            raise ValueError(f"recipe option difficulties must be a list, got the string {self.difficulties!r}")
+    @field_validator("schema_tables")
+    @classmethod
+    def _schema_tables(cls, v: str) -> str:
+        if v not in SCHEMA_TABLES:
+            raise ValueError(f"schema_tables must be one of {SCHEMA_TABLES}, got {v!r}")
+        return v
+
+    @field_validator("prefill", mode="before")
+    @classmethod
+    def _prefill(cls, v: Any) -> Any:
+        if not isinstance(v, bool):
+            raise ValueError(f"prefill must be true or false, got {v!r}")
+        return v
+
+    @field_validator("difficulties", mode="before")
+    @classmethod
+    def _difficulties(cls, v: Any) -> Any:
+        if isinstance(v, str):
+            raise ValueError(f"difficulties must be a list, got the string {v!r}")
+        return v
+
+    @model_validator(mode="after")
+    def _reward(self):
+        self.reward_options()  # validates now, not at the first reward
+        return self
 
     @classmethod
     def from_dict(cls, options: Mapping[str, Any]) -> Text2SQLOptions:
-        known = [f.name for f in fields(cls)]
-        unknown = sorted(set(options) - set(known))
-        if unknown:
-            raise ValueError(f"unknown text2sql recipe option(s) {unknown}; known: {known}")
-        opts = dict(options)
-        if opts.get("difficulties") is not None and not isinstance(opts["difficulties"], str):
-            opts["difficulties"] = tuple(opts["difficulties"])
-        return cls(**opts)
+        """Raises ConfigError (a ValueError) naming the option and the value."""
+        return parse(cls, dict(options), name="recipe.options", noun="text2sql recipe option")
 
     def reward_options(self) -> dict[str, Any]:
-        opts = {f.name: getattr(self, f.name) for f in fields(RewardOptions)}
-        RewardOptions.from_dict(opts)  # validates now, not at the first reward
+        opts = {name: getattr(self, name) for name in RewardOptions.model_fields}
+        RewardOptions.from_dict(opts)
         return opts
+
+
+parse_options = Text2SQLOptions.from_dict
 
 
 def load_examples(split: str, **options: Any) -> list[dict]:
@@ -172,4 +199,4 @@ def sft_completion(example: dict) -> str | None:
     return full[len(prefix) :] if full.startswith(prefix) else None
 
 
-__all__ = ["Text2SQLOptions", "load_examples", "reward", "sft_completion"]
+__all__ = ["Text2SQLOptions", "load_examples", "parse_options", "reward", "sft_completion"]

@@ -19,34 +19,40 @@ from __future__ import annotations
 import functools
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
 
+from pydantic import ConfigDict, ValidationInfo, field_validator
+
+from arctic_rl.strict import Strict, parse
 from recipes.text2sql.extract import extract_sql, parses_as_sqlite, sqlite_rewrites
 from recipes.text2sql.sandbox import ExecResult, SQLSandbox, default_sandbox
 
 
-@dataclass(frozen=True)
-class RewardOptions:
+class RewardOptions(Strict):
+    model_config = ConfigDict(frozen=True, validate_assignment=False)
+
     execution_credit: float = 0.1  # the SQL runs but its result differs from the gold's
     format_credit: float = 0.0  # the SQL parses but does not run
     timeout_s: float = 30.0  # per query, as BIRD's evaluation (meta_time_out=30)
     transpile: bool = True  # retry SQL that fails in SQLite as transpiled from other dialects
 
+    @field_validator("execution_credit", "format_credit")
+    @classmethod
+    def _credit(cls, v: float, info: ValidationInfo) -> float:
+        if not 0.0 <= v < 1.0:
+            raise ValueError(f"{info.field_name} must be in [0, 1), got {v!r}")
+        return v
+
+    @field_validator("timeout_s")
+    @classmethod
+    def _timeout(cls, v: float) -> float:
+        if v <= 0:
+            raise ValueError(f"timeout_s must be > 0, got {v!r}")
+        return v
+
     @classmethod
     def from_dict(cls, d: Mapping[str, object] | None) -> RewardOptions:
-        d = dict(d or {})
-        known = {f.name for f in fields(cls)}
-        unknown = set(d) - known
-        if unknown:
-            raise ValueError(f"unknown reward option(s) {sorted(unknown)}; known: {sorted(known)}")
-        opts = cls(**d)  # type: ignore[arg-type]
-        for name in ("execution_credit", "format_credit"):
-            v = getattr(opts, name)
-            if not 0.0 <= float(v) < 1.0:
-                raise ValueError(f"reward option {name} must be in [0, 1), got {v!r}")
-        if float(opts.timeout_s) <= 0:
-            raise ValueError(f"reward option timeout_s must be > 0, got {opts.timeout_s!r}")
-        return opts
+        """Raises ConfigError (a ValueError) naming the option and the value."""
+        return parse(cls, dict(d or {}), name="reward option", noun="reward option")
 
 
 def results_match(pred: ExecResult, gold: ExecResult) -> bool:

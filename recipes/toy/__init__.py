@@ -13,6 +13,10 @@ from __future__ import annotations
 import random
 from typing import Any
 
+from pydantic import Field
+
+from arctic_rl.strict import Strict, parse
+
 WORDS = [
     "the",
     "quick",
@@ -41,6 +45,21 @@ WORDS = [
 SPLITS = ("train", "test")
 
 
+class ToyOptions(Strict):
+    """The recipe's options (`recipe.options` of a run config): load_examples' keyword arguments."""
+
+    num_examples: int = Field(64, ge=1)
+    prompt_words: int = Field(4, ge=1)
+    target: str = Field("aeiou", min_length=1, description="the characters the reward counts")
+    seed: int = 0
+    filler_words: int = Field(0, ge=0)
+
+
+def parse_options(options: dict[str, Any]) -> ToyOptions:
+    """Raises ConfigError (a ValueError) naming the option and the value."""
+    return parse(ToyOptions, options, name="recipe.options", noun="toy recipe option")
+
+
 def load_examples(
     split: str,
     num_examples: int = 64,
@@ -53,13 +72,15 @@ def load_examples(
     benchmarks: the G responses of a prompt share it)."""
     if split not in SPLITS:
         raise ValueError(f"toy: split={split!r}; expected one of {list(SPLITS)}")
-    if num_examples < 1 or prompt_words < 1 or filler_words < 0:
-        raise ValueError(
-            f"toy: num_examples={num_examples}, prompt_words={prompt_words}, "
-            f"filler_words={filler_words}: need >= 1, >= 1, >= 0"
-        )
-    if not target:
-        raise ValueError("toy: target must be a non-empty string of characters")
+    parse_options(
+        {
+            "num_examples": num_examples,
+            "prompt_words": prompt_words,
+            "target": target,
+            "seed": seed,
+            "filler_words": filler_words,
+        }
+    )
     rng = random.Random(f"{seed}-{split}")
     out = []
     for i in range(num_examples):
