@@ -307,7 +307,8 @@ def model_window(model_name: str, overrides: dict[str, Any]) -> int | None:
     if hf is None:
         return None
     hf = {**hf, **overrides}
-    text = hf.get("text_config") if isinstance(hf.get("text_config"), dict) else {}
+    text_config = hf.get("text_config")
+    text = text_config if isinstance(text_config, dict) else {}
     window = hf.get("max_position_embeddings", text.get("max_position_embeddings"))
     return int(window) if isinstance(window, (int, float)) and window > 0 else None
 

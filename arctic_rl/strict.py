@@ -47,13 +47,14 @@ def _key(name: str, field: Any) -> str:
 
 def allowed_keys(model: type[BaseModel], path: tuple[Any, ...]) -> list[str] | None:
     """The keys the model accepts at `path` (a tuple of field names/aliases), or None where it is not a model."""
-    cls: type[BaseModel] | None = model
+    cls = model
     for part in path:
         fields = {_key(n, f): f for n, f in cls.model_fields.items()} | dict(cls.model_fields)
         field = fields.get(str(part))
-        cls = _submodel(field.annotation) if field is not None else None
-        if cls is None:
+        sub = _submodel(field.annotation) if field is not None else None
+        if sub is None:
             return None
+        cls = sub
     return [_key(n, f) for n, f in cls.model_fields.items()]
 
 

@@ -136,6 +136,7 @@ class ArcticRLClient:
 
 def create_arctic_rl_client(config: ArcticRLClientConfig) -> ArcticRLClient:
     """Starts a deployment for `config` (or attaches to `config.job_id`) and returns its client."""
+    transport: Any  # RayTransport or HttpTransport: the same call/close surface, imported only when used
     if config.comm_protocol == "ray":
         from arctic_rl.client.ray_transport import RayTransport
 

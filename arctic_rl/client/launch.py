@@ -6,6 +6,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
+from typing import cast
 
 from arctic_rl.errors import ERRORS, ArcticRLError
 
@@ -20,7 +21,7 @@ def run_deploy(config_json: str, timeout_s: float) -> str:
         stderr=subprocess.STDOUT,
         text=True,
     )
-    result, tail = None, []
+    result, tail = None, cast(list[str], [])
     assert proc.stdout is not None
     for line in proc.stdout:
         line = line.rstrip("\n")

@@ -4,6 +4,7 @@ Ray's object store)."""
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import ray
 
@@ -44,7 +45,7 @@ class RayTransport:
 
     def call(self, op: str, **kwargs):
         ops.lookup(op).bind(kwargs)  # a call that does not match the op never reaches the cluster
-        ref = self.handle.dispatch.remote(op, kwargs)
+        ref: Any = self.handle.dispatch.remote(op, kwargs)
         try:
             return ray.get(ref, timeout=self.config.request_timeout_s)
         except ray.exceptions.RayTaskError as e:

@@ -15,7 +15,6 @@ Every key and its meaning: arctic_rl/losses/grpo.py (GRPO family) and arctic_rl/
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BeforeValidator, ConfigDict, field_validator, model_validator
@@ -32,7 +31,7 @@ POST_PROCESSOR_KEYS = ("temperature", "compute_entropy")
 AggMode = Literal["token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
 
 
-def _number(min_value: float | None = None, above: float | None = None, optional: bool = False) -> Callable:
+def _number(min_value: float | None = None, above: float | None = None, optional: bool = False) -> BeforeValidator:
     """A float from an int, a float or a one-element tensor (the engine's normalizers may be tensors); not from
     a bool or a string, which a YAML or JSON typo gives."""
 

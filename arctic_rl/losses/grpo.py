@@ -251,7 +251,11 @@ def kl_estimate(logp_BR: torch.Tensor, ref_BR: torch.Tensor, kind: str) -> torch
 
 def loglinear_proximal(behav_BR: torch.Tensor, logp_BR: torch.Tensor, cfg: GRPOConfig) -> torch.Tensor:
     """log pi_prox = log pi_b + alpha * (sg(log pi_theta) - log pi_b); see the module docstring."""
-    alpha = cfg.prox_alpha if cfg.prox_alpha is not None else (cfg.prox_staleness - 1) / cfg.prox_staleness
+    if cfg.prox_alpha is not None:
+        alpha = cfg.prox_alpha
+    else:  # GRPOConfig requires exactly one of the two with loglinear
+        staleness = cast(float, cfg.prox_staleness)
+        alpha = (staleness - 1) / staleness
     return behav_BR + alpha * (logp_BR.detach() - behav_BR)
 
 
@@ -308,11 +312,9 @@ def grpo_loss(outputs: dict, batch: dict, config: dict | None) -> tuple[torch.Te
     metrics: dict[str, torch.Tensor] = {}
 
     decoupled = cfg.rollout_is is not None or cfg.prox_logp_method == "loglinear"
-    behav_BR = (
-        batch_tensor(batch, "rollout_log_probs", shape, "rollout_is / prox_logp_method='loglinear'")
-        if decoupled
-        else None
-    )
+    behav_BR = torch.empty(0)  # read only when decoupled
+    if decoupled:
+        behav_BR = batch_tensor(batch, "rollout_log_probs", shape, "rollout_is / prox_logp_method='loglinear'")
     if cfg.prox_logp_method == "loglinear":
         prox_BR = loglinear_proximal(behav_BR, logp_BR, cfg)
     else:

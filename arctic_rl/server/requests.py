@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
 import torch
 from pydantic import BeforeValidator, ValidationInfo
@@ -140,7 +140,9 @@ def check_prompts(prompts: Any, n: int, cfg: ArcticRLClientConfig, vocab: int | 
                 f"prompts[{i}] must be a non-empty string or list of token ids"
                 f"{f' < {vocab}' if vocab else ''}, got {p!r:.80}"
             )
-        if isinstance(p, list) and len(p) >= cfg.vllm_config.max_seq_len:
+        # max_seq_len None: the model's window is unknown here and vLLM enforces its own.
+        limit = cfg.vllm_config.max_seq_len
+        if isinstance(p, list) and limit is not None and len(p) >= limit:
             raise BatchFormatError(
                 f"prompts[{i}] has {len(p)} tokens; the sampler takes fewer than "
                 f"vllm_config.max_seq_len={cfg.vllm_config.max_seq_len}"
@@ -180,9 +182,13 @@ def check_batch(batch: Any, required, cfg: ArcticRLClientConfig, vocab: int | No
         raise BatchError("batch['uid'] must be a list of strings or ints (or an integer tensor)")
 
 
-def _check_type(op: str, name: str, value, kind: type, what: str) -> None:
+T = TypeVar("T")
+
+
+def _check_type(op: str, name: str, value, kind: type[T], what: str) -> T:
     if not isinstance(value, kind):
         raise BatchFormatError(f"{op}: argument {name!r} must be {what}, got {type(value).__name__} {value!r:.60}")
+    return value
 
 
 def check_name(kind: str, name: Any, cfg: ArcticRLClientConfig) -> None:
@@ -216,15 +222,15 @@ def check_request(op: str, args: dict, cfg: ArcticRLClientConfig, vocab: int | N
         params = check_sampling_params(args.get("sampling_params") or {}, cfg)
         check_prompts(args.get("prompts"), params.get("n", 1), cfg, vocab)
     elif op == "sampler_log_probs":
-        seqs, lens = args.get("sequences"), args.get("prompt_lens")
-        _check_type(op, "sequences", seqs, list, "a list of token-id lists")
-        _check_type(op, "prompt_lens", lens, list, "a list of ints")
+        seqs = _check_type(op, "sequences", args.get("sequences"), list, "a list of token-id lists")
+        lens = _check_type(op, "prompt_lens", args.get("prompt_lens"), list, "a list of ints")
         if len(seqs) != len(lens):
             raise BatchFormatError(f"sequences ({len(seqs)}) and prompt_lens ({len(lens)}) differ in length")
         if len(seqs) > cfg.server.max_batch_rows:
             raise BatchFormatError(f"{len(seqs)} sequences exceeds the server's limit of {cfg.server.max_batch_rows}")
         for i, (s, p) in enumerate(zip(seqs, lens)):
-            if not _token_list(s, vocab) or len(s) > cfg.vllm_config.max_seq_len:
+            limit = cfg.vllm_config.max_seq_len  # None: the model's window is unknown here; vLLM enforces its own
+            if not _token_list(s, vocab) or (limit is not None and len(s) > limit):
                 raise BatchFormatError(
                     f"sequences[{i}] must be a list of 1..{cfg.vllm_config.max_seq_len} token ids"
                     f"{f' < {vocab}' if vocab else ''}, got {s!r:.80}"
