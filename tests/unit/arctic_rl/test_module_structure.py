@@ -1,6 +1,7 @@
 """Structure guards over arctic_rl/'s source, read with `ast` (nothing is imported):
 
-- the module-level imports of the package form no cycle;
+- the module-level imports of the package form no cycle (imports inside functions run lazily, once both modules
+  have loaded, and are not counted);
 - no module sets a global of another package module (`mod.NAME = ...`, `setattr(mod, ...)`): what a module
   needs from its caller is passed to it as an argument.
 
