@@ -15,29 +15,28 @@ One step (verl's phase names, logged as timing_s/<phase>):
 Colocated engines (backend.colocate, sync loop, sleep_engines): the trainer and reference sleep during gen,
 the sampler sleeps from the end of gen until just before update_weights (which needs both awake), so on
 CUDA vLLM gives its memory back while the trainer works (arctic_rl.server.controller's sleep/wake ops).
-Checkpoints (checkpoint.every): the backend's save_checkpoint (weights, optimizer, scheduler) into
-<dir>/step_K, then loop_state.json (step, data position, RNG states, MLflow run id) written last and
-atomically: a step_K without it is half-written and resume skips it. The checkpoint dir must be on a
-filesystem the backend also sees (it writes there). Resume is exact in sync mode: the data order and
-sampling seeds are functions of (seed, step), and the sampler gets the resumed weights.
-Eval (eval.split): greedy decoding on a held-out split before step 1, every eval.every steps and after the
-last step; eval/accuracy is the share of examples whose reward is >= 1 (the recipe's full-credit answer).
-SFT warm-up (sft_warmup.epochs > 0, fresh runs only): eval, supervised passes over recipe.sft_completion(example)
-with the sft loss and the run's optimizer, sync, then the GRPO steps above.
+Checkpoints (checkpoint.every): <dir>/step_K after every K steps and the last; resume is exact in sync mode:
+the data order and sampling seeds are functions of (seed, step), and the sampler gets the resumed weights.
+Eval (eval.split): before step 1, every eval.every steps and after the last step.
+SFT warm-up (sft_warmup.epochs > 0, fresh runs only): eval, supervised passes, sync, then the GRPO steps above.
+
+The stages and the saved state live beside this file:
+  loop_data.py   data order and sampling seeds (pure functions of (seed, step)), prompt tokens
+  loop_state.py  checkpoints: LoopState, RNG states, loop_state.json written last and atomically
+  loop_eval.py   greedy eval on a held-out split (eval/accuracy, eval/reward/mean)
+  loop_sft.py    the SFT warm-up stage
+  tracking.py    MLflow metric names, the Tracker, the reward-curve plot
 Departures from verl: mini-batches are not reshuffled between PPO epochs; no critic.
 """
 
 from __future__ import annotations
 
 import importlib
-import json
 import os
 import random
-import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
@@ -46,12 +45,13 @@ from arctic_rl import advantages, tracking
 from arctic_rl.batch import from_samples, group_rows, select_rows
 from arctic_rl.client.client import ArcticRLClient, create_arctic_rl_client
 from arctic_rl.errors import ConfigError
+from arctic_rl.loop_data import prompt_ids, step_indices, step_seed
+from arctic_rl.loop_eval import LoopEvals
+from arctic_rl.loop_sft import sft_warmup
+from arctic_rl.loop_state import LoopState, flush_metrics, load_checkpoint, resume_path, save_checkpoint
 from arctic_rl.pipeline import AsyncRollouts, Request, Rollout, SyncRollouts
 from arctic_rl.rewards import score_all
 from arctic_rl.runconfig import RunConfig
-
-STATE_FILE = "loop_state.json"
-_STEP_DIR = re.compile(r"^step_(\d+)$")
 
 
 @dataclass
@@ -63,147 +63,6 @@ class RunResult:
     wall_s: float
     plot: Path | None = None
     eval_accuracy: dict[int, float] = field(default_factory=dict)  # step (0 = before GRPO, -1 = before sft) -> acc
-
-
-@dataclass
-class EvalResult:
-    accuracy: float
-    reward_mean: float
-    num_examples: int
-    seconds: float
-
-
-def evaluate(client: ArcticRLClient, recipe, examples: list[dict], tokenizer, cfg: RunConfig) -> EvalResult:
-    """Greedy decoding over `examples`; accuracy = share whose reward reaches full credit (>= 1)."""
-    t0 = time.perf_counter()
-    params = {
-        "n": 1,
-        "max_tokens": cfg.eval.max_tokens or cfg.sampling.max_tokens,
-        "temperature": 0.0,
-        "stop": list(cfg.sampling.stop),
-    }
-    samples = client.generate([prompt_ids(tokenizer, ex) for ex in examples], params)
-    rewards = score_all(
-        recipe.reward, [ex.get("assistant_prefix", "") + s["text"] for s, ex in zip(samples, examples)], examples
-    )
-    return EvalResult(
-        float(np.mean([r >= 1.0 for r in rewards])), float(np.mean(rewards)), len(examples), time.perf_counter() - t0
-    )
-
-
-@dataclass
-class LoopState:
-    step: int = 0  # steps done
-    run_id: str | None = None
-    rewards: list[float] = field(default_factory=list)
-    # With checkpoints on, a step's metrics reach MLflow only once a checkpoint covers the step: a step run
-    # again after a requeue is then never logged twice. They travel in the checkpoint, so steps whose
-    # checkpoint was written but whose metrics were not yet logged (killed in between) are logged on resume.
-    unlogged: dict[int, dict[str, float]] = field(default_factory=dict)
-
-
-# -- data order and prompts ----------------------------------------------------------------------------------
-def step_indices(step: int, num_examples: int, per_step: int, seed: int) -> list[int]:
-    """Example indices of `step` (1-based): a pure function of (seed, step), so resume needs no data state.
-    Epoch e visits the examples in permutation(seed, e); steps run across epoch boundaries."""
-    out = []
-    for g in range((step - 1) * per_step, step * per_step):
-        epoch, pos = divmod(g, num_examples)
-        out.append(int(_epoch_order(seed, epoch, num_examples)[pos]))
-    return out
-
-
-def _epoch_order(seed: int, epoch: int, n: int) -> np.ndarray:
-    return np.random.default_rng([seed, epoch]).permutation(n)
-
-
-def step_seed(seed: int, step: int) -> int:
-    """The sampling seed of a step: reproducible across resumes, different every step."""
-    return int(np.random.default_rng([seed, step, 7]).integers(2**31 - 1))
-
-
-def prompt_ids(tokenizer, example: dict) -> list[int]:
-    text = tokenizer.apply_chat_template(example["messages"], tokenize=False, add_generation_prompt=True)
-    # The template already holds any BOS: tokenize without adding special tokens again.
-    return tokenizer(text + example.get("assistant_prefix", ""), add_special_tokens=False)["input_ids"]
-
-
-# -- checkpoints ---------------------------------------------------------------------------------------------
-def latest_checkpoint(root: Path) -> Path | None:
-    """The complete step_K folder with the largest K (complete = loop_state.json was written)."""
-    if not root.is_dir():
-        return None
-    done = [
-        (int(m.group(1)), p) for p in root.iterdir() if (m := _STEP_DIR.match(p.name)) and (p / STATE_FILE).is_file()
-    ]
-    return max(done)[1] if done else None
-
-
-def resume_path(cfg: RunConfig) -> Path | None:
-    if cfg.resume == "never":
-        return None
-    if cfg.resume == "auto":
-        return latest_checkpoint(cfg.checkpoint_dir)
-    path = Path(cfg.resume).expanduser()
-    if not (path / STATE_FILE).is_file():
-        raise ConfigError(f"resume={cfg.resume!r}: {path / STATE_FILE} does not exist (not a complete checkpoint)")
-    return path
-
-
-def save_checkpoint(client: ArcticRLClient, root: Path, state: LoopState) -> Path:
-    path = (root / f"step_{state.step}").resolve()
-    client.save_checkpoint(str(path))
-    np_state = np.random.get_state()
-    payload = {
-        "step": state.step,
-        "run_id": state.run_id,
-        "rewards": state.rewards,
-        "unlogged": {str(k): v for k, v in state.unlogged.items()},
-        "rng": {
-            "python": _jsonable(random.getstate()),
-            "numpy": [np_state[0], np_state[1].tolist(), *np_state[2:]],
-            "torch": torch.get_rng_state().tolist(),
-        },
-    }
-    tmp = path / f".{STATE_FILE}.{os.getpid()}.tmp"
-    tmp.write_text(json.dumps(payload))
-    tmp.replace(path / STATE_FILE)  # last: its presence marks the checkpoint complete
-    return path
-
-
-def load_checkpoint(client: ArcticRLClient, path: Path) -> LoopState:
-    payload = json.loads((path / STATE_FILE).read_text())
-    client.load_checkpoint(str(path.resolve()))
-    client.sync_weights()  # the sampler must sample with the resumed weights
-    rng = payload["rng"]
-    random.setstate(_tupled(rng["python"]))
-    np.random.set_state((rng["numpy"][0], np.array(rng["numpy"][1], dtype=np.uint32), *rng["numpy"][2:]))
-    torch.set_rng_state(torch.tensor(rng["torch"], dtype=torch.uint8))
-    return LoopState(
-        step=int(payload["step"]),
-        run_id=payload.get("run_id"),
-        rewards=list(payload["rewards"]),
-        unlogged={int(k): v for k, v in payload.get("unlogged", {}).items()},
-    )
-
-
-def flush_metrics(tracker: tracking.Tracker, state: LoopState) -> None:
-    """Logs the held-back metrics of checkpointed steps, skipping any MLflow already has (exactly once)."""
-    if not state.unlogged:
-        return
-    done = tracker.logged_steps(tracking.TIMING_STEP)
-    for step, metrics in sorted(state.unlogged.items()):
-        if step not in done:
-            tracker.log_metrics(metrics, step=step)
-    state.unlogged.clear()
-
-
-def _jsonable(x: Any) -> Any:
-    return [_jsonable(v) for v in x] if isinstance(x, (tuple, list)) else x
-
-
-def _tupled(x: Any) -> Any:
-    return tuple(_tupled(v) for v in x) if isinstance(x, list) else x
 
 
 # -- tracking ------------------------------------------------------------------------------------------------
@@ -303,6 +162,16 @@ class EngineSleep:
             self.asleep.discard(engine)
 
 
+def actor_loss_config(cfg: RunConfig) -> dict:
+    """The loss config the loop trains with: the run's, plus what sampling implies."""
+    loss_config = dict(cfg.loss.config)
+    # logits / T, as the sampler drew them; greedy sampling (T=0) has no such distribution: T=1
+    loss_config.setdefault("temperature", cfg.sampling.temperature or 1.0)
+    if cfg.async_.enable:
+        loss_config.setdefault("rollout_is", "token")  # decoupled PPO: weight by pi_prox / pi_behaviour
+    return loss_config
+
+
 def train_step(
     cfg: RunConfig, client: ArcticRLClient, recipe, rollout: Rollout, pad_id: int, before_sync
 ) -> dict[str, float]:
@@ -365,88 +234,6 @@ def train_step(
     return metrics
 
 
-def stage_options(cfg: RunConfig, overrides: dict) -> dict:
-    """A stage's recipe options (eval, sft_warmup): its own over recipe.options; a key set to None is dropped."""
-    return {k: v for k, v in {**cfg.recipe.options, **overrides}.items() if v is not None}
-
-
-# -- the SFT warm-up stage -----------------------------------------------------------------------------------
-def sft_warmup(
-    cfg: RunConfig,
-    client: ArcticRLClient,
-    recipe,
-    tokenizer,
-    pad_id: int,
-    tracker: tracking.Tracker,
-    quiet: bool = False,
-) -> dict[str, float]:
-    """Supervised passes over the recipe's reference completions (sft loss, the run's optimizer), then a
-    weight sync, so that GRPO starts from a policy that already knows the answer format. Metrics go to
-    MLflow as sft/* with their own step count (1..epochs x batches)."""
-    from tqdm import tqdm
-
-    w = cfg.sft_warmup
-    if not callable(getattr(recipe, "sft_completion", None)):
-        raise ConfigError(
-            f"sft_warmup.epochs={w.epochs}: recipe {cfg.recipe.name!r} has no sft_completion(example) to train on"
-        )
-    options = stage_options(cfg, w.options)
-    examples = recipe.load_examples(w.split, **options)[: w.limit]
-    pairs = []
-    for ex in examples:
-        text = recipe.sft_completion(ex)
-        if text:  # None: the example's answer cannot continue its assistant_prefix
-            pairs.append((prompt_ids(tokenizer, ex), tokenizer(text, add_special_tokens=False)["input_ids"]))
-    if not pairs:
-        raise ConfigError(
-            f"sft_warmup: recipe {cfg.recipe.name!r} gave no completions for split {w.split!r} with options {options}"
-        )
-    t0 = time.perf_counter()
-    per_epoch = -(-len(pairs) // w.batch_size)
-    bar = tqdm(total=w.epochs * per_epoch, desc="sft warm-up", unit="step", disable=quiet)
-    losses: list[float] = []
-    step = 0
-    for epoch in range(w.epochs):
-        order = _epoch_order(cfg.seed + 7919, epoch, len(pairs))  # its own stream, not the GRPO order
-        for b in range(0, len(pairs), w.batch_size):
-            idx = [int(i) for i in order[b : b + w.batch_size]]
-            samples = [{"prompt_token_ids": pairs[i][0], "token_ids": pairs[i][1]} for i in idx]
-            batch = from_samples(samples, [f"sft-{epoch}-{i}" for i in idx], pad_token_id=pad_id)
-            out = client.forward_backward(batch, "sft", {"loss_agg_mode": "token-mean"})
-            opt = client.optimizer_step()
-            step += 1
-            losses.append(float(out["actor/sft_loss"]))
-            tracker.log_metrics(
-                {
-                    "sft/loss": losses[-1],
-                    "sft/grad_norm": opt["grad_norm"],
-                    "sft/lr": opt["lr"],
-                    "sft/epoch": float(epoch),
-                },
-                step=step,
-            )
-            bar.update(1)
-            bar.set_postfix(loss=f"{losses[-1]:.3f}")
-    bar.close()
-    client.sync_weights()
-    first, last = losses[:per_epoch], losses[-per_epoch:]
-    summary = {
-        "sft/loss_first_epoch": float(np.mean(first)),
-        "sft/loss_last_epoch": float(np.mean(last)),
-        "sft/examples": float(len(pairs)),
-        "timing_s/sft": time.perf_counter() - t0,
-    }
-    tracker.log_metrics(summary, step=0)
-    if not quiet:
-        print(
-            f"sft warm-up: {len(pairs)} examples x {w.epochs} epochs = {step} optimizer steps | loss first epoch "
-            f"{summary['sft/loss_first_epoch']:.3f} -> last {summary['sft/loss_last_epoch']:.3f} | "
-            f"{summary['timing_s/sft']:.0f}s",
-            flush=True,
-        )
-    return summary
-
-
 # -- the run -------------------------------------------------------------------------------------------------
 def run(
     cfg: RunConfig, client: ArcticRLClient | None = None, *, stop_after: int | None = None, quiet: bool = False
@@ -501,34 +288,7 @@ def run(
         if cfg.async_.enable
         else SyncRollouts(client, make_request)
     )
-    eval_options = stage_options(cfg, cfg.eval.options)
-    eval_examples = recipe.load_examples(cfg.eval.split, **eval_options) if cfg.eval.split else []
-    eval_examples = eval_examples[: cfg.eval.limit] if cfg.eval.limit else eval_examples
-    evals: dict[int, EvalResult] = {}
-
-    def run_eval(step: int) -> None:
-        """step -1 = the model before the SFT warm-up (logged at step 0 as eval/*_before_sft)."""
-        if not eval_examples or step in evals:
-            return
-        r = evaluate(client, recipe, eval_examples, tokenizer, cfg)
-        evals[step] = r
-        suffix = "_before_sft" if step < 0 else ""
-        tracker.log_metrics(
-            {
-                f"eval/accuracy{suffix}": r.accuracy,
-                f"eval/reward/mean{suffix}": r.reward_mean,
-                f"timing_s/eval{suffix}": r.seconds,
-            },
-            step=max(step, 0),
-        )
-        if not quiet:
-            when = "before the sft warm-up" if step < 0 else f"after step {step}"
-            print(
-                f"eval ({cfg.eval.split}, {r.num_examples} examples, greedy) {when}: "
-                f"accuracy {r.accuracy:.1%}, reward {r.reward_mean:.3f} ({r.seconds:.0f}s)",
-                flush=True,
-            )
-
+    evals = LoopEvals(cfg, client, recipe, tokenizer, tracker, quiet)
     history: list[dict[str, float]] = []
 
     def before_sync() -> None:
@@ -546,9 +306,9 @@ def run(
     )
     try:
         if cfg.sft_warmup.epochs and state.step == 0:  # a resumed run's checkpoint already holds the warm-up
-            run_eval(-1)
+            evals.run(-1)
             sft_warmup(cfg, client, recipe, tokenizer, pad_id, tracker, quiet)
-        run_eval(state.step)
+        evals.run(state.step)
         for step in bar:
             t0 = time.perf_counter()
             sleep.before_gen()
@@ -572,10 +332,10 @@ def run(
             if not quiet:
                 bar.write(_step_line(step, cfg.train.steps, metrics))
             if cfg.eval.every and step % cfg.eval.every == 0:
-                run_eval(step)
+                evals.run(step)
         sleep.wake_all()  # the client is left as it was given: every engine awake
         if state.step >= cfg.train.steps:
-            run_eval(state.step)
+            evals.run(state.step)
         status = "FINISHED" if state.step >= cfg.train.steps else "KILLED"
     finally:
         rollouts.close()
@@ -583,7 +343,7 @@ def run(
         tracker.end(status)
         if own_client:
             client.shutdown()
-    plot = plot_rewards(state.rewards, ckpt_root / "reward_curve.png", title=cfg.recipe.name)
+    plot = tracking.plot_rewards(state.rewards, ckpt_root / "reward_curve.png", title=cfg.recipe.name)
     result = RunResult(
         history,
         state.rewards,
@@ -591,21 +351,11 @@ def run(
         ckpt_root,
         time.perf_counter() - t_start,
         plot,
-        {k: v.accuracy for k, v in evals.items()},
+        evals.accuracy(),
     )
     if not quiet:
         print(summary_line(result), flush=True)
     return result
-
-
-def actor_loss_config(cfg: RunConfig) -> dict:
-    """The loss config the loop trains with: the run's, plus what sampling implies."""
-    loss_config = dict(cfg.loss.config)
-    # logits / T, as the sampler drew them; greedy sampling (T=0) has no such distribution: T=1
-    loss_config.setdefault("temperature", cfg.sampling.temperature or 1.0)
-    if cfg.async_.enable:
-        loss_config.setdefault("rollout_is", "token")  # decoupled PPO: weight by pi_prox / pi_behaviour
-    return loss_config
 
 
 def _step_line(step: int, total: int, m: dict[str, float]) -> str:
@@ -631,20 +381,3 @@ def summary_line(r: RunResult) -> str:
         f"wall {r.wall_s:.1f}s | mlflow run {r.run_id} | checkpoints {r.checkpoint_dir}"
         + (f" | curve {r.plot}" if r.plot else "")
     )
-
-
-def plot_rewards(rewards: list[float], path: Path, title: str = "") -> Path | None:
-    if not rewards:
-        return None
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6, 3.5))
-    ax.plot(range(1, len(rewards) + 1), rewards, marker="o", ms=3)
-    ax.set_xlabel("step")
-    ax.set_ylabel(tracking.REWARD_MEAN)
-    ax.set_title(f"reward curve {title}".strip())
-    ax.grid(alpha=0.3)
-    return tracking.save_figure(fig, path)

@@ -281,3 +281,21 @@ def save_figure(fig, path, dpi: int = 100):
     plt.close(fig)
     tmp.replace(path)
     return path
+
+
+def plot_rewards(rewards: list[float], path: Path, title: str = "") -> Path | None:
+    """The reward curve (critic/rewards/mean per step) as a PNG at `path`; None without rewards."""
+    if not rewards:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    ax.plot(range(1, len(rewards) + 1), rewards, marker="o", ms=3)
+    ax.set_xlabel("step")
+    ax.set_ylabel(REWARD_MEAN)
+    ax.set_title(f"reward curve {title}".strip())
+    ax.grid(alpha=0.3)
+    return save_figure(fig, path)

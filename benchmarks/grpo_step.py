@@ -43,7 +43,8 @@ def main() -> None:
     os.environ.setdefault("MLFLOW_TRACKING_URI", f"sqlite:///{a.out.resolve() / 'mlflow.db'}")
     from transformers import AutoTokenizer
 
-    from arctic_rl.loop import prompt_ids, run
+    from arctic_rl.loop import run
+    from arctic_rl.loop_data import prompt_ids
     from recipes.toy import load_examples
 
     model = make_model(a.out / "model", hidden=256, layers=4, heads=4, kv_heads=2)

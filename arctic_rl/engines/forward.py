@@ -2,7 +2,7 @@
 
 Every row is run as is (prompt re-encoded for every response). ZoRRo Train
 (`arctic_rl.zorro.train.zorro_log_probs`) computes the same outputs with each prompt encoded once;
-`response_log_probs` picks between the two.
+`response_log_probs` picks between the two. Both end in the chunked LM head of `arctic_rl.logprob_head`.
 
 Legend: B rows, T = P + R columns, R response columns, N selected tokens, H hidden, V vocab.
 """
@@ -14,59 +14,8 @@ from collections.abc import Callable
 import torch
 
 from arctic_rl.batch import Batch, position_ids
-from arctic_rl.losses import resolve_post_processor
-
-DEFAULT_CHUNK_TOKENS = 1024
-# Set by the training engine under ZeRO-3 with several ranks: every LM-head call all-gathers the head's
-# weight collectively, so all ranks must make the same number of calls (see head_post_process).
-SYNC_CHUNK_COUNT = False
-
-
-def decoder_and_head(model) -> tuple[torch.nn.Module, torch.nn.Module]:
-    """The transformer body (returns hidden states) and the LM head of any HF causal LM."""
-    body = getattr(model, model.base_model_prefix, None) or model.get_decoder()
-    return body, model.get_output_embeddings()
-
-
-def head_post_process(
-    hidden_NH: torch.Tensor,
-    labels_N: torch.Tensor,
-    head: torch.nn.Module,
-    post_processor: str | Callable,
-    pp_config: dict,
-    chunk_tokens: int,
-) -> dict[str, torch.Tensor]:
-    """LM head + post-processor (a registered name, or the function the caller resolved) over N
-    tokens in chunks, so [N, V] logits never exist at once.
-
-    Each chunk is checkpointed: backward recomputes its logits instead of keeping them all.
-    """
-    fn = post_processor if callable(post_processor) else resolve_post_processor(post_processor)
-    parts: dict[str, list[torch.Tensor]] = {}
-    N = hidden_NH.shape[0]
-    num_chunks = -(-N // chunk_tokens)
-    if SYNC_CHUNK_COUNT and torch.distributed.is_initialized():
-        n = torch.tensor([num_chunks], device=hidden_NH.device)
-        torch.distributed.all_reduce(n, op=torch.distributed.ReduceOp.MAX)
-        num_chunks = int(n)
-    for i in range(num_chunks):
-        s = i * chunk_tokens
-        h, y = hidden_NH[s : s + chunk_tokens], labels_N[s : s + chunk_tokens]
-        if torch.is_grad_enabled() and h.requires_grad:
-            keys: list[str] = []
-
-            def run(h_, y_=y, keys_=keys):
-                out = fn(head(h_), y_, pp_config)
-                keys_[:] = sorted(out)
-                return tuple(out[k] for k in keys_)
-
-            vals = torch.utils.checkpoint.checkpoint(run, h, use_reentrant=False)
-            out = dict(zip(keys, vals))
-        else:
-            out = fn(head(h), y, pp_config)
-        for k, v in out.items():
-            parts.setdefault(k, []).append(v)
-    return {k: torch.cat(v) for k, v in parts.items()}
+from arctic_rl.logprob_head import DEFAULT_CHUNK_TOKENS, decoder_and_head, head_post_process
+from arctic_rl.zorro.train import zorro_log_probs
 
 
 def naive_log_probs(
@@ -76,8 +25,10 @@ def naive_log_probs(
     post_processor: str | Callable = "log_probs",
     pp_config: dict | None = None,
     chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
+    sync_chunk_count: bool = False,
 ) -> dict[str, torch.Tensor]:
-    """{"log_probs": [B, R], "entropy": [B, R]?}; zeros where the response is padding."""
+    """{"log_probs": [B, R], "entropy": [B, R]?}; zeros where the response is padding.
+    `sync_chunk_count`: see `arctic_rl.logprob_head.head_post_process`."""
     pp_config = pp_config or {}
     ids_BT, mask_BT = batch["input_ids"], batch["attention_mask"]
     B, T = ids_BT.shape
@@ -90,7 +41,13 @@ def naive_log_probs(
     hidden_BRH = hidden_BTH[:, T - R - 1 : T - 1]
     sel_BR = mask_BT[:, T - R :].bool()
     out_N = head_post_process(
-        hidden_BRH[sel_BR], batch["responses"][sel_BR], head, post_processor, pp_config, chunk_tokens
+        hidden_BRH[sel_BR],
+        batch["responses"][sel_BR],
+        head,
+        post_processor,
+        pp_config,
+        chunk_tokens,
+        sync_chunk_count=sync_chunk_count,
     )
     out = {}
     for k, v in out_N.items():
@@ -100,8 +57,7 @@ def naive_log_probs(
 
 
 def response_log_probs(model, batch: Batch, *, zorro: bool = False, **kw) -> dict[str, torch.Tensor]:
+    """The naive path, or ZoRRo Train's (`zorro`), with the keyword arguments `kw`."""
     if zorro:
-        from arctic_rl.zorro.train import zorro_log_probs
-
         return zorro_log_probs(model, batch, **kw)
     return naive_log_probs(model, batch, **kw)

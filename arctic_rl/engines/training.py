@@ -86,9 +86,10 @@ class LogProbModel(torch.nn.Module):
     """The HF model behind a forward that returns per-token log-probs. DeepSpeed wraps *this*, so every
     pass goes through DeepSpeedEngine.forward, which ZeRO-3 needs to hook the backward."""
 
-    def __init__(self, model: torch.nn.Module, zorro: bool, chunk_tokens: int):
+    def __init__(self, model: torch.nn.Module, zorro: bool, chunk_tokens: int, sync_chunk_count: bool = False):
         super().__init__()
         self.model, self.zorro, self.chunk_tokens = model, zorro, chunk_tokens
+        self.sync_chunk_count = sync_chunk_count  # see arctic_rl.logprob_head.head_post_process
 
     def forward(self, mb: Batch, pp_config: dict, post_processor="log_probs") -> dict[str, torch.Tensor]:
         return response_log_probs(
@@ -98,6 +99,7 @@ class LogProbModel(torch.nn.Module):
             pp_config=pp_config,
             chunk_tokens=self.chunk_tokens,
             post_processor=post_processor,
+            sync_chunk_count=self.sync_chunk_count,
         )
 
 
@@ -127,10 +129,6 @@ class TrainingWorker:
             LOCAL_RANK="0" if accelerator() == "cpu" else os.environ.get("LOCAL_RANK", "0"),
         )
         self._setup()
-        if self.cfg.training_config.zero_stage == 3 and self.world_size > 1:
-            from arctic_rl.engines import forward
-
-            forward.SYNC_CHUNK_COUNT = True
 
     def _setup(self) -> None:
         import deepspeed
@@ -146,7 +144,10 @@ class TrainingWorker:
             torch.float32,
             gradient_checkpointing=tc.gradient_checkpointing and self.trainable,
         )
-        model = LogProbModel(hf, tc.zorro_train.enable, tc.chunk_tokens)
+        # ZeRO-3 over several ranks gathers the LM head's weight collectively on every head call: the ranks
+        # must make the same number of chunked head calls.
+        sync_chunk_count = tc.zero_stage == 3 and self.world_size > 1
+        model = LogProbModel(hf, tc.zorro_train.enable, tc.chunk_tokens, sync_chunk_count)
         ds_config: dict[str, Any] = {
             "train_micro_batch_size_per_gpu": 1,
             "gradient_accumulation_steps": 1,

@@ -45,7 +45,7 @@ import torch
 import torch.nn.functional as F
 
 from arctic_rl.batch import LOG_PROBS_KEYS, Batch, BatchError, group_rows, position_ids, validate_batch
-from arctic_rl.engines.forward import DEFAULT_CHUNK_TOKENS, decoder_and_head, head_post_process
+from arctic_rl.logprob_head import DEFAULT_CHUNK_TOKENS, decoder_and_head, head_post_process
 from arctic_rl.zorro.merge import merge_attention_states
 
 ATTN_IMPLEMENTATION = "arctic_zorro"
@@ -566,6 +566,7 @@ def zorro_log_probs(
     pp_config: dict | None = None,
     chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
     attention: str = "auto",
+    sync_chunk_count: bool = False,
 ) -> dict[str, torch.Tensor]:
     """Same outputs as `arctic_rl.engines.forward.naive_log_probs` ({"log_probs": [B, R],
     "entropy": [B, R]?}, zeros on response padding), each shared prompt encoded once.
@@ -587,7 +588,13 @@ def zorro_log_probs(
             zorro_plan=plan,
         ).last_hidden_state
     out_M = head_post_process(
-        hidden_1NH[0].index_select(0, plan.pred_index), plan.labels, head, post_processor, pp_config, chunk_tokens
+        hidden_1NH[0].index_select(0, plan.pred_index),
+        plan.labels,
+        head,
+        post_processor,
+        pp_config,
+        chunk_tokens,
+        sync_chunk_count=sync_chunk_count,
     )
     B, R = plan.num_rows, plan.resp_cols
     return {k: v.new_zeros(B * R).index_copy(0, plan.out_index, v).view(B, R) for k, v in out_M.items()}

@@ -15,7 +15,8 @@ from repo_paths import TESTS
 
 from arctic_rl import create_arctic_rl_client, tracking
 from arctic_rl.batch import from_samples
-from arctic_rl.loop import STATE_FILE, run
+from arctic_rl.loop import run
+from arctic_rl.loop_state import STATE_FILE
 from arctic_rl.runconfig import load_run_config
 
 TINY = TESTS / "configs" / "tiny_loop.yaml"

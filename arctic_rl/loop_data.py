@@ -1,0 +1,41 @@
+"""What the reference loop (arctic_rl.loop) and its stages (SFT warm-up, eval) feed the engines: which examples
+a step takes, its sampling seed, the prompt tokens of an example, a stage's recipe options.
+
+The data order and the seeds are pure functions of (seed, step), so a resumed run needs no data state.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from arctic_rl.runconfig import RunConfig
+
+
+def step_indices(step: int, num_examples: int, per_step: int, seed: int) -> list[int]:
+    """Example indices of `step` (1-based): a pure function of (seed, step), so resume needs no data state.
+    Epoch e visits the examples in permutation(seed, e); steps run across epoch boundaries."""
+    out = []
+    for g in range((step - 1) * per_step, step * per_step):
+        epoch, pos = divmod(g, num_examples)
+        out.append(int(epoch_order(seed, epoch, num_examples)[pos]))
+    return out
+
+
+def epoch_order(seed: int, epoch: int, n: int) -> np.ndarray:
+    return np.random.default_rng([seed, epoch]).permutation(n)
+
+
+def step_seed(seed: int, step: int) -> int:
+    """The sampling seed of a step: reproducible across resumes, different every step."""
+    return int(np.random.default_rng([seed, step, 7]).integers(2**31 - 1))
+
+
+def prompt_ids(tokenizer, example: dict) -> list[int]:
+    text = tokenizer.apply_chat_template(example["messages"], tokenize=False, add_generation_prompt=True)
+    # The template already holds any BOS: tokenize without adding special tokens again.
+    return tokenizer(text + example.get("assistant_prefix", ""), add_special_tokens=False)["input_ids"]
+
+
+def stage_options(cfg: RunConfig, overrides: dict) -> dict:
+    """A stage's recipe options (eval, sft_warmup): its own over recipe.options; a key set to None is dropped."""
+    return {k: v for k, v in {**cfg.recipe.options, **overrides}.items() if v is not None}
