@@ -31,8 +31,12 @@ def root_cause_line(err: BaseException) -> str:
     exception), or the last line Ray gave when there is no traceback (a process that died outright)."""
     text = getattr(err, "_original_stack_trace", None) or str(err)  # UnserializableException keeps it there
     text = _ANSI.sub("", text).split(_PICKLING_FAILURE)[0]  # the real error, not the pickling one after it
-    lines = [line.strip() for line in text.splitlines() if line.strip()]
-    return lines[-1] if lines else type(err).__name__
+    lines = [line.rstrip() for line in text.splitlines() if line.strip()]
+    # A traceback's frames are indented; the exception's line is not, and a multi-line message follows it.
+    starts = [i for i, line in enumerate(lines) if _EXCEPTION_LINE.match(line)]
+    if starts:
+        return " | ".join(line.strip() for line in lines[starts[-1] :])
+    return lines[-1].strip() if lines else type(err).__name__
 
 
 def _typed(line: str) -> tuple[type[ArcticRLError] | None, str]:
