@@ -11,6 +11,7 @@ from arctic_rl.errors import (
     ConfigError,
     EngineDeadError,
     EngineError,
+    EngineStartError,
     UnknownNameError,
     WeightSyncError,
 )
@@ -27,6 +28,7 @@ __all__ = [
     "ConfigError",
     "EngineDeadError",
     "EngineError",
+    "EngineStartError",
     "UnknownNameError",
     "WeightSyncError",
 ]

@@ -32,6 +32,13 @@ class EngineError(ArcticRLError):
     http_status = 500
 
 
+class EngineStartError(EngineError):
+    """An engine failed while starting (its constructor or setup); the message names the engine (role and
+    rank or replica) and the root cause's exception type and message, on one line."""
+
+    http_status = 500
+
+
 class EngineDeadError(ArcticRLError):
     """An engine worker process died or stopped answering; `health()` names it."""
 
@@ -68,6 +75,7 @@ ERRORS = {
         BatchFormatError,
         UnknownNameError,
         EngineError,
+        EngineStartError,
         EngineDeadError,
         WeightSyncError,
         ProtocolError,

@@ -16,10 +16,12 @@ import torch
 
 from arctic_rl.config import ArcticRLClientConfig, sampler_dtype
 from arctic_rl.engines.model import accelerator
+from arctic_rl.engines.startup import reports_start_failure
 from arctic_rl.errors import BatchFormatError
 
 
 class SamplingWorker:
+    @reports_start_failure(lambda self, config_json, replica: f"sampling engine replica {replica}")
     def __init__(self, config_json: str, replica: int):
         self.cfg = ArcticRLClientConfig.from_json(config_json)
         self.replica = replica

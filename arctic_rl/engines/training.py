@@ -25,6 +25,7 @@ from arctic_rl.batch import Batch
 from arctic_rl.config import ArcticRLClientConfig
 from arctic_rl.engines.forward import response_log_probs
 from arctic_rl.engines.model import accelerator, load_hf_model
+from arctic_rl.engines.startup import reports_start_failure
 from arctic_rl.errors import ConfigError
 from arctic_rl.losses import load_loss_modules, resolve_loss_fn, resolve_post_processor
 
@@ -103,9 +104,14 @@ class LogProbModel(torch.nn.Module):
         )
 
 
+def _engine_name(trainable: bool, rank: int) -> str:
+    return f"{'training' if trainable else 'reference (log_prob)'} engine rank {rank}"
+
+
 class TrainingWorker:
     """One DeepSpeed rank. `trainable=False` makes a forward-only worker (the reference model)."""
 
+    @reports_start_failure(lambda self, config_json, rank, world_size, trainable=True: _engine_name(trainable, rank))
     def __init__(self, config_json: str, rank: int, world_size: int, trainable: bool = True):
         self.cfg = ArcticRLClientConfig.from_json(config_json)
         self.rank, self.world_size, self.trainable = rank, world_size, trainable
@@ -119,6 +125,7 @@ class TrainingWorker:
 
         return ray.util.get_node_ip_address(), _free_port()
 
+    @reports_start_failure(lambda self, *_: _engine_name(self.trainable, self.rank))
     def setup(self, master_addr: str, master_port: int) -> None:
         """Join the group at rank 0's address and build the DeepSpeed engine (all ranks at once)."""
         os.environ.update(

@@ -26,7 +26,7 @@ from arctic_rl.batch import LOG_PROBS_KEYS, TRAIN_KEYS, Batch, select_rows, spli
 from arctic_rl.config import ArcticRLClientConfig, forget_deployment, sampler_dtype
 from arctic_rl.errors import ArcticRLError, ConfigError, EngineDeadError, EngineError
 from arctic_rl.losses import load_loss_modules, resolve_loss_fn
-from arctic_rl.server import placement, weight_check
+from arctic_rl.server import placement, startup, weight_check
 from arctic_rl.server.placers import make_placer
 from arctic_rl.server.requests import ENGINES, check_request, checkpoint_path
 
@@ -100,7 +100,9 @@ class Controller:
             raise EngineDeadError(
                 f"{engine} engine did not answer within {timeout or self.cfg.request_timeout_s}s"
             ) from None
-        except ray.exceptions.RayActorError as e:
+        except (ray.exceptions.RayActorError, ray.exceptions.UnserializableException) as e:
+            if startup.is_start_failure(e):  # the root cause, not Ray's "died in its creation task"
+                raise startup.engine_start_error(e, engine) from None
             raise EngineDeadError(f"{engine} engine worker died: {str(e).splitlines()[0]}") from None
         except ray.exceptions.RayTaskError as e:
             cause = e.cause

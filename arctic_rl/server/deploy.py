@@ -8,9 +8,10 @@ import time
 import ray
 
 from arctic_rl.config import ArcticRLClientConfig, record_deployment
-from arctic_rl.errors import ConfigError, EngineDeadError
+from arctic_rl.errors import EngineDeadError
 from arctic_rl.ops import NAMESPACE, controller_name
 from arctic_rl.server.controller import Controller
+from arctic_rl.server.startup import deployment_start_error
 
 
 def init_ray(cfg: ArcticRLClientConfig) -> str:
@@ -53,10 +54,9 @@ def deploy(cfg: ArcticRLClientConfig) -> tuple[ArcticRLClientConfig, ray.actor.A
     )
     try:
         ray.get(handle.ready.remote())
-    except ray.exceptions.RayActorError as e:
+    except (ray.exceptions.RayActorError, ray.exceptions.UnserializableException) as e:
         ray.kill(handle)
-        cause = getattr(e, "cause", None) or e
-        raise ConfigError(f"the deployment failed to start: {str(cause).strip().splitlines()[-1]}") from None
+        raise deployment_start_error(e) from None
     record_deployment(cfg)
     print(f"[arctic-rl] job {cfg.job_id} up in {time.time() - t0:.1f}s on {address}", flush=True)
     return cfg, handle
