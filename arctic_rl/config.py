@@ -162,7 +162,7 @@ class ArcticRLClientConfig(Strict):
     comm_protocol: Literal["ray", "http"] = "ray"
     training_gpus: int = Field(1, ge=1)
     sampling_gpus: int = Field(1, ge=1)
-    log_prob_gpus: int = Field(0, ge=0, description="0 = the reference model shares the trainer's devices")
+    reference_gpus: int = Field(0, ge=0, description="0 = the reference model shares the trainer's devices")
     colocate: bool = True
     training_config: TrainingConfig = TrainingConfig()
     vllm_config: VLLMConfig = VLLMConfig()

@@ -143,21 +143,21 @@ class EngineSleep:
     def before_gen(self) -> None:
         self._set("sampling", False)
         self._set("training", True)
-        self._set("log_prob", True)
+        self._set("reference", True)
 
     def after_gen(self) -> None:
         self._set("sampling", True)
         self._set("training", False)
         if self.use_reference:
-            self._set("log_prob", False)
+            self._set("reference", False)
 
     def before_sync(self) -> None:
-        self._set("log_prob", True)
+        self._set("reference", True)
         self._set("sampling", False)
 
     def wake_all(self) -> None:
         """Every engine awake (also when this run sleeps none: they may be left asleep by an earlier run)."""
-        for engine in sorted(self.asleep, key=("sampling", "training", "log_prob").index):
+        for engine in sorted(self.asleep, key=("sampling", "training", "reference").index):
             self.client.wake(engine)
             self.asleep.discard(engine)
 
@@ -263,7 +263,7 @@ def run(
     resume = resume_path(cfg)
     state = load_checkpoint(client, resume) if resume else LoopState()
     num_gpus = client.config.training_gpus + (
-        0 if client.config.colocate else client.config.sampling_gpus + client.config.log_prob_gpus
+        0 if client.config.colocate else client.config.sampling_gpus + client.config.reference_gpus
     )
     tracker = open_tracker(cfg, state.run_id, None if state.run_id else run_setup(cfg, client, num_gpus))
     state.run_id = tracker.run_id

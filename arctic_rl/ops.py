@@ -72,7 +72,7 @@ class Op:
 
 _BATCH = Arg("batch", "Batch")
 _POST_PROCESSOR = Arg("post_processor", "str", "log_probs")
-_ENGINE = Arg("engine", "str")  # "training" | "log_prob" | "sampling"
+_ENGINE = Arg("engine", "str")  # "training" | "reference" | "sampling"
 _PATH = Arg("path", "str")  # under the server's checkpoint_root (relative: taken under it)
 
 OPS: dict[str, Op] = {

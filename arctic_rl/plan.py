@@ -45,7 +45,7 @@ ZERO_BUCKET = 5e8  # DeepSpeed's reduce_bucket_size / allgather_bucket_size defa
 # What an engine still holds on the device while asleep, as a share of its awake memory. vLLM's sleep
 # level 1 offloads the weights and drops the KV cache; the trainer's and reference's sleep only mark them
 # asleep today (issue 17 makes them move their memory to the host).
-SLEEP_KEEPS = {"training": 1.0, "log_prob": 1.0, "sampling": 0.0}
+SLEEP_KEEPS = {"training": 1.0, "reference": 1.0, "sampling": 0.0}
 
 
 @dataclass(frozen=True)
@@ -66,7 +66,7 @@ class Engine:
     """One engine actor's use of one GPU."""
 
     label: str  # e.g. "trainer 3", "sampler 1 (TP 1/2)"
-    engine: str  # training | log_prob | sampling
+    engine: str  # training | reference | sampling
     awake_bytes: dict[str, float]  # component -> bytes while awake
 
 
@@ -422,7 +422,7 @@ def _fill(
     for slot in layout.trainers:
         _put(gpus, slot.pool, slot.bundle, Engine(f"trainer {slot.index}", "training", t_bytes))
     for slot in layout.references:
-        _put(gpus, slot.pool, slot.bundle, Engine(f"reference {slot.index}", "log_prob", r_bytes))
+        _put(gpus, slot.pool, slot.bundle, Engine(f"reference {slot.index}", "reference", r_bytes))
     for slot in layout.samplers:
         tp = len(slot.devices)
         for k, bundle in enumerate(slot.devices):
@@ -491,12 +491,12 @@ def sleeps_while_colocated(client: ArcticRLClientConfig, run: RunConfig) -> bool
 
 def _phases(client: ArcticRLClientConfig, run: RunConfig) -> dict[str, dict[str, bool]]:
     if not sleeps_while_colocated(client, run):
-        return {"all": {"training": True, "log_prob": True, "sampling": True}}
+        return {"all": {"training": True, "reference": True, "sampling": True}}
     ref = run.use_reference
     return {
-        "gen": {"training": False, "log_prob": False, "sampling": True},
-        "train": {"training": True, "log_prob": ref, "sampling": False},
-        "sync": {"training": True, "log_prob": False, "sampling": True},
+        "gen": {"training": False, "reference": False, "sampling": True},
+        "train": {"training": True, "reference": ref, "sampling": False},
+        "sync": {"training": True, "reference": False, "sampling": True},
     }
 
 

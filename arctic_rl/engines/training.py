@@ -105,7 +105,7 @@ class LogProbModel(torch.nn.Module):
 
 
 def _engine_name(trainable: bool, rank: int) -> str:
-    return f"{'training' if trainable else 'reference (log_prob)'} engine rank {rank}"
+    return f"{'training' if trainable else 'reference'} engine rank {rank}"
 
 
 class TrainingWorker:
@@ -312,7 +312,7 @@ class TrainingWorker:
                 out[name] = t
         return out if self.rank == 0 else None
 
-    def nccl_connect(self, samplers: list, master_port: int, num_sampler_workers: int) -> None:
+    def transfer_connect(self, samplers: list, master_port: int, num_sampler_workers: int) -> None:
         """CUDA only: join vLLM's weight-transfer engine, NCCL or IPC (rank 0 is the sender and binds
         `master_port`, a port from its own `rendezvous`)."""
         import ray
@@ -330,7 +330,7 @@ class TrainingWorker:
             num_sampler_workers,
         )
 
-    def nccl_send(self) -> None:
+    def transfer_send(self) -> None:
         self._wt.send_weights()
 
     def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:

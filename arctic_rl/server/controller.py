@@ -55,7 +55,7 @@ class Controller:
         ]
         # The reference model: dedicated workers, or one worker sharing the trainer's devices.
         n_ref = placement.num_reference_workers(cfg)
-        self.ref = [
+        self.reference = [
             train_cls.options(runtime_env=env, **place.reference(r)).remote(cfg.to_json(), r, n_ref, False)
             for r in range(n_ref)
         ]
@@ -67,25 +67,29 @@ class Controller:
             )
         # Each DeepSpeed group meets at its rank 0's node (ranks may be on different nodes).
         setups = []
-        for engine, group in (("training", self.trainers), ("log_prob", self.ref)):
+        for engine, group in (("training", self.trainers), ("reference", self.reference)):
             addr, port = self._get(group[0].rendezvous.remote(), engine, timeout=None)
             setups += [(engine, w.setup.remote(addr, port)) for w in group]
         for engine, ref in setups:
             self._get(ref, engine, timeout=None)
-        self.groups = {"training": self.trainers, "log_prob": self.ref, "sampling": self.samplers}
+        self.groups = {"training": self.trainers, "reference": self.reference, "sampling": self.samplers}
         self.asleep = {e: False for e in ENGINES}
         # Wait for every engine; an engine that fails to start fails the deployment with its message.
         for engine, actors in self.groups.items():
             self._get([a.ping.remote() for a in actors], engine, timeout=None)
-        self.nccl = cfg.vllm_config.weight_sync != "reload"  # vLLM's weight-transfer engine (NCCL or IPC)
-        if self.nccl:
+        self.uses_transfer_engine = (
+            cfg.vllm_config.weight_sync != "reload"
+        )  # vLLM's weight-transfer engine (NCCL or IPC)
+        if self.uses_transfer_engine:
             if ray.cluster_resources().get("GPU", 0) == 0:
                 raise ConfigError(
                     f"vllm_config.weight_sync={cfg.vllm_config.weight_sync!r} needs GPUs; use 'reload' on CPU"
                 )
             port, workers = self._get(self.trainers[0].rendezvous.remote(), "training")[1], cfg.sampling_gpus
             self._get(
-                [t.nccl_connect.remote(self.samplers, port, workers) for t in self.trainers], "training", timeout=None
+                [t.transfer_connect.remote(self.samplers, port, workers) for t in self.trainers],
+                "training",
+                timeout=None,
             )
         # Token ids a request may carry: below the model's embedding rows.
         self.vocab = self._get(self.trainers[0].vocab_size.remote(), "training")
@@ -172,8 +176,8 @@ class Controller:
         post_processor: str = "log_probs",
     ) -> dict[str, torch.Tensor]:
         B, P, R = validate_batch(batch, LOG_PROBS_KEYS)
-        engine = "log_prob" if reference else "training"
-        actors = self.ref if reference else self.trainers
+        engine = "reference" if reference else "training"
+        actors = self.reference if reference else self.trainers
         per_rank, rows = self._deal(batch, len(actors), self.cfg.training_config.micro_batch_size)
         pp = {"compute_entropy": compute_entropy, "temperature": temperature}
         with self._locked(engine):
@@ -230,13 +234,13 @@ class Controller:
     def sync_weights(self) -> dict[str, float]:
         t0 = time.time()
         with self._locked("training", "sampling"):
-            if self.nccl:  # trainer -> vLLM workers by NCCL broadcast or CUDA IPC; no host copy
-                self._get([a.nccl_send.remote() for a in self.trainers], "training")
+            if self.uses_transfer_engine:  # trainer -> vLLM workers by NCCL broadcast or CUDA IPC; no host copy
+                self._get([a.transfer_send.remote() for a in self.trainers], "training")
                 t_gather, secs = 0.0, [time.time() - t0]
             pairs = [a.full_state_and_norms.options(num_returns=2).remote() for a in self.trainers]
             state_ref, norms_ref = pairs[0]
             self._get([p[1] for p in pairs], "training")  # every rank took part (ZeRO-3 gathers)
-            if not self.nccl:
+            if not self.uses_transfer_engine:
                 t_gather = time.time() - t0
                 secs = self._get([s.update_weights.remote(state_ref) for s in self.samplers], "sampling")
             check = self._compare_weights(state_ref)
@@ -280,10 +284,10 @@ class Controller:
     def update_reference(self) -> dict[str, float]:
         """reference := current policy (for recipes that refresh their KL anchor)."""
         t0 = time.time()
-        with self._locked("training", "log_prob"):
+        with self._locked("training", "reference"):
             pairs = [a.full_state_and_norms.options(num_returns=2).remote() for a in self.trainers]
             self._get([p[1] for p in pairs], "training")
-            self._get([r.load_state_dict.remote(pairs[0][0]) for r in self.ref], "log_prob")
+            self._get([r.load_state_dict.remote(pairs[0][0]) for r in self.reference], "reference")
         return {"update_reference_s": time.time() - t0}
 
     def sleep(self, engine: str) -> dict:

@@ -30,8 +30,8 @@ CPU_BUNDLE = {"CPU": 0.01}  # a token: no real reservation on CPU clusters, all 
 class Slot:
     """One engine actor: the pool (placement group) and bundle it sits in, and its share of that GPU."""
 
-    engine: str  # "training" | "log_prob" | "sampling"
-    index: int  # rank (training, log_prob) or replica (sampling)
+    engine: str  # "training" | "reference" | "sampling"
+    index: int  # rank (training, reference) or replica (sampling)
     pool: str
     bundle: int
     gpu_share: float
@@ -62,7 +62,7 @@ class GpuLayout:
 
 def num_reference_workers(cfg: ArcticRLClientConfig) -> int:
     """Dedicated reference workers, or one sharing the trainer's devices."""
-    return cfg.log_prob_gpus or 1
+    return cfg.reference_gpus or 1
 
 
 def cpu_bundle_count(cfg: ArcticRLClientConfig) -> int:
@@ -77,11 +77,11 @@ def gpu_layout(cfg: ArcticRLClientConfig) -> GpuLayout:
         pools = {"training": cfg.training_gpus, "sampling": cfg.sampling_gpus}
         train_pool, sample_pool = "training", "sampling"
     ref_pool = train_pool
-    if cfg.log_prob_gpus:
-        pools["log_prob"] = cfg.log_prob_gpus
-        ref_pool = "log_prob"
+    if cfg.reference_gpus:
+        pools["reference"] = cfg.reference_gpus
+        ref_pool = "reference"
     trainers = tuple(Slot("training", r, train_pool, r, GPU_SHARE) for r in range(cfg.training_gpus))
-    refs = tuple(Slot("log_prob", r, ref_pool, r, GPU_SHARE) for r in range(num_reference_workers(cfg)))
+    refs = tuple(Slot("reference", r, ref_pool, r, GPU_SHARE) for r in range(num_reference_workers(cfg)))
     tp = cfg.vllm_config.tensor_parallel_size
     samplers = []
     for i in range(cfg.num_sampling_replicas):

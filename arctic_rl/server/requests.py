@@ -22,7 +22,7 @@ from arctic_rl.errors import BatchFormatError, ConfigError, UnknownNameError
 from arctic_rl.losses import resolve_loss_fn, resolve_post_processor
 from arctic_rl.strict import Strict, parse
 
-ENGINES = ("training", "log_prob", "sampling")
+ENGINES = ("training", "reference", "sampling")
 
 
 def _is_int(x) -> bool:

@@ -67,4 +67,4 @@ def test_reference_engine_names_itself(ray_cluster, corrupted_model):
     finally:
         ray.kill(worker)
     assert isinstance(err.value.cause, EngineStartError)
-    assert "reference (log_prob) engine rank 0 failed to start: SafetensorError: " in str(err.value.cause)
+    assert "reference engine rank 0 failed to start: SafetensorError: " in str(err.value.cause)

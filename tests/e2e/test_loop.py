@@ -108,21 +108,21 @@ def test_loop_over_ray_logs_and_resumes_exactly(ray_cluster, tiny_llama, tmp_pat
         calls = [c for c in states.trace if c[0] in ("sleep", "wake")]
         assert calls == [
             ("sleep", "training"),
-            ("sleep", "log_prob"),
+            ("sleep", "reference"),
             ("sleep", "sampling"),
             ("wake", "training"),
             ("wake", "sampling"),
         ] + [("sleep", "training"), ("sleep", "sampling"), ("wake", "training"), ("wake", "sampling")] * 2 + [
-            ("wake", "log_prob")
+            ("wake", "reference")
         ], calls
         ops = [c for c in states.trace if c[0] not in ("sleep", "wake")]
         expect = {
-            "generate": ({"training", "log_prob"}, {False}),
-            "log_probs": ({"sampling", "log_prob"}, {True}),
-            "forward_backward": ({"sampling", "log_prob"}, {True}),
-            "optimizer_step": ({"sampling", "log_prob"}, {True}),
-            "sync_weights": ({"log_prob"}, {False}),
-            "save_checkpoint": ({"log_prob"}, {False}),
+            "generate": ({"training", "reference"}, {False}),
+            "log_probs": ({"sampling", "reference"}, {True}),
+            "forward_backward": ({"sampling", "reference"}, {True}),
+            "optimizer_step": ({"sampling", "reference"}, {True}),
+            "sync_weights": ({"reference"}, {False}),
+            "save_checkpoint": ({"reference"}, {False}),
         }
         assert [op for op, *_ in ops].count("generate") == 3
         for op, asleep, samplers in ops:

@@ -51,7 +51,7 @@ def test_colocated_engines_pair_up_on_devices(tiny_llama, two_gpu_cluster):
         # (no GPUs of its own) on rank 0's. The old fractional packing put both ranks on one GPU.
         assert _gpu(e["training[0]"]) != _gpu(e["training[1]"]), e
         assert _gpu(e["sampling[0]"]) == _gpu(e["training[0]"]) and _gpu(e["sampling[1]"]) == _gpu(e["training[1]"]), e
-        assert _gpu(e["log_prob[0]"]) == _gpu(e["training[0]"]), e
+        assert _gpu(e["reference[0]"]) == _gpu(e["training[0]"]), e
         # the deployment works: sample, score, train, sync
         samples = c.generate(["the quick brown fox"], {"n": 2, "max_tokens": 4, "seed": 0})
         batch = from_samples(samples, [0] * 2)
@@ -82,7 +82,7 @@ def test_split_engines_get_their_own_devices(tiny_llama, two_gpu_cluster):
     try:
         e = c.health()["engines"]
         assert _gpu(e["training[0]"]) != _gpu(e["sampling[0]"]), e
-        assert _gpu(e["log_prob[0]"]) == _gpu(e["training[0]"]), e
+        assert _gpu(e["reference[0]"]) == _gpu(e["training[0]"]), e
     finally:
         c.shutdown()
 

@@ -28,7 +28,7 @@ NATIVE=(
 ARCTIC=(
   trainer.experiment_name=verl-arctic-qwen3-32b trainer.nnodes=1 trainer.n_gpus_per_node=1
   +actor_rollout_ref.arctic.training_gpus=32 +actor_rollout_ref.arctic.sampling_gpus=32
-  +actor_rollout_ref.arctic.log_prob_gpus=0 +actor_rollout_ref.arctic.colocate=True
+  +actor_rollout_ref.arctic.reference_gpus=0 +actor_rollout_ref.arctic.colocate=True
   +actor_rollout_ref.arctic.training_config.zero_stage=3 +actor_rollout_ref.arctic.training_config.gradient_checkpointing=True
   +actor_rollout_ref.arctic.training_config.zorro_train.enable=True
   +actor_rollout_ref.arctic.vllm_config.tensor_parallel_size=$TP

@@ -29,8 +29,8 @@ def test_layout_is_the_controllers():
     assert [s.bundle for s in lay.trainers] == [0, 1, 2, 3] and [s.bundle for s in lay.references] == [0]
     assert [s.devices for s in lay.samplers] == [(0, 1), (2, 3)] and lay.samplers[0].gpu_share == 0
     assert dict(lay.samplers[1].env)["VLLM_RAY_BUNDLE_INDICES"] == "2,3"
-    split = placement.gpu_layout(cfg.model_copy(update={"colocate": False, "log_prob_gpus": 2}))
-    assert split.pools == {"training": 4, "sampling": 4, "log_prob": 2} and split.references[1].pool == "log_prob"
+    split = placement.gpu_layout(cfg.model_copy(update={"colocate": False, "reference_gpus": 2}))
+    assert split.pools == {"training": 4, "sampling": 4, "reference": 2} and split.references[1].pool == "reference"
 
 
 @pytest.mark.parametrize("path", [BIRD, LONGQA], ids=["text2sql", "longqa"])
@@ -44,7 +44,7 @@ def test_4x8_configs_place_and_count(path):
     for g in plan.gpus:
         kinds = sorted(e.engine for e in g.engines)
         assert kinds.count("training") == 1 and kinds.count("sampling") == 1, g
-    assert [e.engine for e in plan.gpus[0].engines].count("log_prob") == 1
+    assert [e.engine for e in plan.gpus[0].engines].count("reference") == 1
     # every TP group on one node
     assert not any("spans nodes" in p for p in plan.problems)
     text = plan.render()
