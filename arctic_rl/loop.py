@@ -66,6 +66,13 @@ class RunResult:
 
 
 # -- tracking ------------------------------------------------------------------------------------------------
+
+
+def _max_prompt_length(max_seq_len: int | None, max_tokens: int) -> str:
+    # None: vLLM takes the model's own window, which this side does not know.
+    return str(max_seq_len - max_tokens) if max_seq_len is not None else "model window"
+
+
 def run_setup(cfg: RunConfig, client: ArcticRLClient, num_gpus: int) -> dict[str, str]:
     """The setup tags `arctic-rl compare` groups runs by (tracking.SETUP_TAGS). Nodes are those the engines
     landed on. The longest prompt is what the sampler admits with room for max_tokens (how the SkyRL recipe
@@ -79,7 +86,9 @@ def run_setup(cfg: RunConfig, client: ArcticRLClient, num_gpus: int) -> dict[str
         tracking.TAG_GPUS: str(num_gpus),
         tracking.TAG_PROMPTS_PER_STEP: str(cfg.train.prompts_per_step),
         tracking.TAG_N: str(cfg.sampling.n),
-        tracking.TAG_MAX_PROMPT_LENGTH: str(client.config.vllm_config.max_seq_len - cfg.sampling.max_tokens),
+        tracking.TAG_MAX_PROMPT_LENGTH: _max_prompt_length(
+            client.config.vllm_config.max_seq_len, cfg.sampling.max_tokens
+        ),
         tracking.TAG_MAX_RESPONSE_LENGTH: str(cfg.sampling.max_tokens),
     }
     from_env = {tag for env, tag in tracking.ENV_DEFAULT_TAGS.items() if os.environ.get(env)}

@@ -14,7 +14,7 @@ import random
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -63,7 +63,7 @@ def resume_path(cfg: RunConfig) -> Path | None:
 def save_checkpoint(client: ArcticRLClient, root: Path, state: LoopState) -> Path:
     path = (root / f"step_{state.step}").resolve()
     client.save_checkpoint(str(path))
-    np_state = np.random.get_state()
+    np_state = cast(tuple, np.random.get_state())  # the legacy tuple form (legacy=True is the default)
     payload = {
         "step": state.step,
         "run_id": state.run_id,

@@ -38,6 +38,7 @@ class RayTransport:
                 run_deploy(config.model_copy(update={"ray_address": gcs}).to_json(), config.request_timeout_s)
             )
         self.config = config
+        assert config.job_id, "a deployed or attached config carries its job_id"
         try:
             self.handle = ray.get_actor(ops.controller_name(config.job_id), namespace=ops.NAMESPACE)
         except ValueError:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import socket
 import time
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -103,10 +103,10 @@ class SamplingWorker:
             samples = []
             for c in out.outputs:
                 ids = list(c.token_ids)
-                lps = [float(d[t].logprob) for d, t in zip(c.logprobs or [], ids)]
+                lps = [float(d[t].logprob) for d, t in zip(cast(Any, c.logprobs) or [], ids)]
                 samples.append(
                     {
-                        "prompt_token_ids": list(out.prompt_token_ids),
+                        "prompt_token_ids": list(out.prompt_token_ids or []),
                         "token_ids": ids,
                         "text": c.text,
                         "logprobs": lps,
@@ -128,7 +128,7 @@ class SamplingWorker:
                 n = len(tok.encode(p))
             else:
                 n = len(p)
-            if n >= limit:
+            if limit is not None and n >= limit:  # None: vLLM enforces the model's own window
                 raise BatchFormatError(
                     f"prompts[{first_index + i}] has {n} tokens; the sampler takes fewer than "
                     f"vllm_config.max_seq_len={limit}"
@@ -144,7 +144,7 @@ class SamplingWorker:
         outs = self.llm.generate([TokensPrompt(prompt_token_ids=s) for s in sequences], sp, use_tqdm=False)
         res = []
         for out, seq, p in zip(outs, sequences, prompt_lens):
-            plp = out.prompt_logprobs  # [None, {tok: Logprob}, ...] aligned with the sequence
+            plp = cast(Any, out.prompt_logprobs)  # [None, {tok: Logprob}, ...] aligned with the sequence
             res.append([float(plp[i][seq[i]].logprob) for i in range(p, len(seq))])
         return res
 

@@ -115,7 +115,8 @@ class TrainingWorker:
     def __init__(self, config_json: str, rank: int, world_size: int, trainable: bool = True):
         self.cfg = ArcticRLClientConfig.from_json(config_json)
         self.rank, self.world_size, self.trainable = rank, world_size, trainable
-        self.engine = None
+        self.engine: Any = None  # the DeepSpeed engine, made in setup()
+        self.module: Any = None
         load_loss_modules(self.cfg.server.loss_modules)  # the names requests may use, as in the controller
 
     def rendezvous(self) -> tuple[str, int]:

@@ -41,7 +41,8 @@ class Controller:
         self.cfg = ArcticRLClientConfig.from_json(config_json)
         cfg = self.cfg
         load_loss_modules(cfg.server.loss_modules)  # before any engine starts: a bad plugin fails fast
-        self.job_id = cfg.job_id
+        assert cfg.job_id, "deploy() gives the controller a config with its job_id"
+        self.job_id: str = cfg.job_id
         self.locks = {e: threading.Lock() for e in ENGINES}
         self.step = 0
         env_vars = {"TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "")}
@@ -123,12 +124,14 @@ class Controller:
                 raise EngineError(f"the {e} engine is asleep: call wake({e!r}) first")
         return _MultiLock([self.locks[e] for e in engines])
 
-    def _deal(self, batch: Batch, num_ranks: int, micro_rows: int) -> tuple[list[list[Batch | None]], list[list[int]]]:
+    def _deal(
+        self, batch: Batch, num_ranks: int, micro_rows: int
+    ) -> tuple[list[list[Batch | None]], list[list[list[int]]]]:
         """Micro-batches (never splitting a prompt group) dealt round-robin to ranks and padded with
         None so every rank runs the same number of passes (ZeRO-3 gathers collectively)."""
         mbs = split_micro_batches(batch, micro_rows)
         per_rank: list[list[Batch | None]] = [[] for _ in range(num_ranks)]
-        rows: list[list[int]] = [[] for _ in range(num_ranks)]
+        rows: list[list[list[int]]] = [[] for _ in range(num_ranks)]
         for i, r in enumerate(mbs):
             per_rank[i % num_ranks].append(select_rows(batch, r))
             rows[i % num_ranks].append(r)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import time
+from typing import Any, cast
 
 import ray
 
@@ -18,13 +19,14 @@ def init_ray(cfg: ArcticRLClientConfig) -> str:
     """Connects to cfg.ray_address / RAY_ADDRESS, or starts a local Ray; returns the GCS address."""
     if not ray.is_initialized():
         address = cfg.ray_address or os.environ.get("RAY_ADDRESS")
+        extra: dict[str, Any] = {} if address else {"num_cpus": os.cpu_count()}
         ray.init(
             address=address or "local",
             namespace=NAMESPACE,
             ignore_reinit_error=True,
             log_to_driver=False,
             include_dashboard=False,
-            **({} if address else {"num_cpus": os.cpu_count()}),
+            **extra,
         )
     return ray.get_runtime_context().gcs_address
 
@@ -34,16 +36,17 @@ def deploy(cfg: ArcticRLClientConfig) -> tuple[ArcticRLClientConfig, ray.actor.A
     address = init_ray(cfg)
     if cfg.job_id:
         try:
-            handle = ray.get_actor(controller_name(cfg.job_id), namespace=NAMESPACE)
+            handle: Any = ray.get_actor(controller_name(cfg.job_id), namespace=NAMESPACE)
         except ValueError:
             raise EngineDeadError(
                 f"no running deployment with job_id {cfg.job_id!r} on Ray cluster {address}"
             ) from None
         # The running deployment's own config (its server rules), reached the way this caller asked.
-        running = ArcticRLClientConfig.from_json(ray.get(handle.config_json.remote()))
+        running = ArcticRLClientConfig.from_json(cast(str, ray.get(handle.config_json.remote())))
         return running.model_copy(update={"host": cfg.host, "port": cfg.port, "auth_token": cfg.auth_token}), handle
     # checkpoint_root's default is resolved here, where the deployment is started (job dir or ./runs).
     cfg = cfg.with_new_job_id().model_copy(update={"ray_address": address, "server": cfg.server.resolved()})
+    assert cfg.job_id
     t0 = time.time()
     handle = (
         ray.remote(Controller)

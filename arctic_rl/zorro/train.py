@@ -292,12 +292,12 @@ def _split_attention(q, k, v, plan: ZorroPlan, scale: float) -> torch.Tensor:
 # "concat": [prompt keys; own keys] per response in one SDPA call per group (any device).
 
 
-def _concat_indices(plan: ZorroPlan, device) -> list[tuple]:
+def _concat_indices(plan: ZorroPlan, device) -> list[tuple | None]:
     key = ("concat", str(device))
     if key in plan._cache:
         return plan._cache[key]
     dtype = torch.get_default_dtype()
-    per_group = []
+    per_group: list[tuple[int, int, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None] = []
     for g in plan.groups:
         lens = [r for r in g.resp_lens if r > 0]
         if not lens:
