@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from arctic_rl.runconfig import RunConfig
-
 
 def step_indices(step: int, num_examples: int, per_step: int, seed: int) -> list[int]:
     """Example indices of `step` (1-based): a pure function of (seed, step), so resume needs no data state.
@@ -34,8 +32,3 @@ def prompt_ids(tokenizer, example: dict) -> list[int]:
     text = tokenizer.apply_chat_template(example["messages"], tokenize=False, add_generation_prompt=True)
     # The template already holds any BOS: tokenize without adding special tokens again.
     return tokenizer(text + example.get("assistant_prefix", ""), add_special_tokens=False)["input_ids"]
-
-
-def stage_options(cfg: RunConfig, overrides: dict) -> dict:
-    """A stage's recipe options (eval, sft_warmup): its own over recipe.options; a key set to None is dropped."""
-    return {k: v for k, v in {**cfg.recipe.options, **overrides}.items() if v is not None}

@@ -12,7 +12,7 @@ import numpy as np
 
 from arctic_rl import tracking
 from arctic_rl.client.client import ArcticRLClient
-from arctic_rl.loop_data import prompt_ids, stage_options
+from arctic_rl.loop_data import prompt_ids
 from arctic_rl.rewards import score_all
 from arctic_rl.runconfig import RunConfig
 
@@ -52,9 +52,7 @@ class LoopEvals:
     ):
         self.cfg, self.client, self.recipe, self.tokenizer = cfg, client, recipe, tokenizer
         self.tracker, self.quiet = tracker, quiet
-        examples = (
-            recipe.load_examples(cfg.eval.split, **stage_options(cfg, cfg.eval.options)) if cfg.eval.split else []
-        )
+        examples = recipe.load_examples(cfg.eval.split, **cfg.stage_options(cfg.eval.options)) if cfg.eval.split else []
         self.examples = examples[: cfg.eval.limit] if cfg.eval.limit else examples
         self.results: dict[int, EvalResult] = {}
 

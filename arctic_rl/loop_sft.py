@@ -13,7 +13,7 @@ from arctic_rl import tracking
 from arctic_rl.batch import from_samples
 from arctic_rl.client.client import ArcticRLClient
 from arctic_rl.errors import ConfigError
-from arctic_rl.loop_data import epoch_order, prompt_ids, stage_options
+from arctic_rl.loop_data import epoch_order, prompt_ids
 from arctic_rl.runconfig import RunConfig
 
 
@@ -36,7 +36,7 @@ def sft_warmup(
         raise ConfigError(
             f"sft_warmup.epochs={w.epochs}: recipe {cfg.recipe.name!r} has no sft_completion(example) to train on"
         )
-    options = stage_options(cfg, w.options)
+    options = cfg.stage_options(w.options)
     examples = recipe.load_examples(w.split, **options)[: w.limit]
     pairs = []
     for ex in examples:
