@@ -56,7 +56,7 @@ def test_reference_engine_names_itself(ray_cluster, corrupted_model):
     """The reference is the same actor class in its frozen role; the controller passes its error on as it does
     the trainer's (above), so the reference worker is started directly here (no vLLM, no deployment)."""
     from arctic_rl.engines.training import TrainingWorker
-    from arctic_rl.server.controller import NAMESPACE
+    from arctic_rl.ops import NAMESPACE
 
     ray.init(address=ray_cluster, namespace=NAMESPACE, ignore_reinit_error=True, log_to_driver=False)
     worker = ray.remote(TrainingWorker).options(num_cpus=0).remote(make_config(corrupted_model).to_json(), 0, 1, False)

@@ -42,6 +42,7 @@ NODES = ("arctic-n1", "arctic-n2")
 REFUSED = Path("/run/arctic-slurm-cluster.refused")
 # Size overrides only: fewer prompts per step and a third step, so a preemption can land between steps.
 SIZE = ["train.steps=3", "train.prompts_per_step=2", "sampling.n=4"]
+PREEMPT_STEPS = 12
 JOB_TIMEOUT_S = 900
 
 
@@ -154,13 +155,15 @@ def ray_addresses(job_dir: Path) -> set[str]:
 
 
 def test_submitit_two_nodes_preempted_resumes_each_step_once(cluster, store: MlflowClient, size: list[str]) -> None:
-    job_id, job_dir, _ = submit([*doc_command("python -m jobs.slurm submit"), *size])
+    # On a quiet machine a tiny-model step takes about a second: with 3 steps the job could finish before the
+    # requeue landed. PREEMPT_STEPS steps leave the preemption a window of many seconds after step 1.
+    job_id, job_dir, _ = submit([*doc_command("python -m jobs.slurm submit"), *size, f"train.steps={PREEMPT_STEPS}"])
     done = job_dir / "checkpoints" / "step_1" / "loop_state.json"
     deadline = time.monotonic() + JOB_TIMEOUT_S
     while not done.exists():
         assert slurm_state(job_id) in ("PENDING", "RUNNING"), f"job ended before step 1: {slurm_state(job_id)}"
         assert time.monotonic() < deadline, "no checkpoint of step 1"
-        time.sleep(2)
+        time.sleep(0.2)
     subprocess.run(["scontrol", "requeue", job_id], check=True)
     # Slurm holds a requeued job (BeginTime ~2 min ahead); release it now to keep the test short.
     deadline = time.monotonic() + 120
@@ -176,10 +179,10 @@ def test_submitit_two_nodes_preempted_resumes_each_step_once(cluster, store: Mlf
     assert state == "COMPLETED", stdout[-4000:]
     run = the_run(store, "text2sql", job_id)
     assert run.info.status == "FINISHED"
-    assert steps_of(store, run.info.run_id) == [1, 2, 3]  # one history, no step lost or repeated
+    assert steps_of(store, run.info.run_id) == list(range(1, PREEMPT_STEPS + 1))  # no step lost or repeated
     assert_spans_both_hosts(run)
     assert ray_addresses(job_dir) >= {"10.213.0.11", "10.213.0.12"}
-    assert (job_dir / "checkpoints" / "step_3" / "loop_state.json").exists()
+    assert (job_dir / "checkpoints" / f"step_{PREEMPT_STEPS}" / "loop_state.json").exists()
     assert "ray-head.1.json" in os.listdir(job_dir)  # the second attempt brought its own Ray up
 
 
