@@ -42,7 +42,7 @@ NODES = ("arctic-n1", "arctic-n2")
 REFUSED = Path("/run/arctic-slurm-cluster.refused")
 # Size overrides only: fewer prompts per step and a third step, so a preemption can land between steps.
 SIZE = ["train.steps=3", "train.prompts_per_step=2", "sampling.n=4"]
-PREEMPT_STEPS = 12
+PREEMPT_STEPS = 8  # the default text2sql data: a prompt of step 12 is past the tiny model's 2,048-token window
 JOB_TIMEOUT_S = 900
 
 
@@ -161,7 +161,9 @@ def test_submitit_two_nodes_preempted_resumes_each_step_once(cluster, store: Mlf
     done = job_dir / "checkpoints" / "step_1" / "loop_state.json"
     deadline = time.monotonic() + JOB_TIMEOUT_S
     while not done.exists():
-        assert slurm_state(job_id) in ("PENDING", "RUNNING"), f"job ended before step 1: {slurm_state(job_id)}"
+        # UNKNOWN: slurmdbd has not recorded the job yet (sacct lags sbatch by a moment).
+        state = slurm_state(job_id)
+        assert state in ("UNKNOWN", "PENDING", "RUNNING") or done.exists(), f"job ended before step 1: {state}"
         assert time.monotonic() < deadline, "no checkpoint of step 1"
         time.sleep(0.2)
     subprocess.run(["scontrol", "requeue", job_id], check=True)
