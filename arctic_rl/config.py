@@ -64,9 +64,23 @@ class TrainingConfig(Strict):
     lr_scheduler: SchedulerConfig = SchedulerConfig()
     grad_clip: float = Field(1.0, ge=0, description="max global grad norm; 0 disables clipping")
     gradient_checkpointing: bool = False
+    offload_activations: bool = Field(
+        False,
+        description="with gradient_checkpointing: hold each layer's checkpointed input in pinned host memory "
+        "instead of on the device (transformers' offload; costs a copy each way per layer)",
+    )
     micro_batch_size: int = Field(8, ge=1, description="rows per forward pass (prompt groups are never split)")
     chunk_tokens: int = Field(1024, ge=1, description="tokens per LM-head/log-softmax chunk")
     zorro_train: ZorroTrainConfig = ZorroTrainConfig()
+
+    @model_validator(mode="after")
+    def _offload_needs_checkpointing(self):
+        if self.offload_activations and not self.gradient_checkpointing:
+            raise ValueError(
+                "training_config.offload_activations=True offloads the inputs gradient checkpointing keeps: "
+                "set training_config.gradient_checkpointing=True too"
+            )
+        return self
 
 
 class VLLMConfig(Strict):

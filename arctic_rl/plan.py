@@ -14,7 +14,8 @@ phase, in GiB:
              params and a 5e8-element reduce bucket; ZeRO-1/2: 5e8-element reduce and all-gather buckets).
   activations  one micro-batch (training_config.micro_batch_size rows at the longest prompt and response; a
              ZoRRo micro-batch holds each prompt once): with gradient checkpointing each layer's input
-             (layers x tokens x hidden) plus one layer's saved tensors, without it every layer's; plus the LM
+             (layers x tokens x hidden; none with offload_activations, which holds them on the host) plus one
+             layer's saved tensors, without it every layer's; plus the LM
              head's chunk of fp32 logits. PyTorch's caching allocator keeps this reserved after the update.
   reference  a frozen copy: ZeRO-3 over its workers, else the whole bf16 model on its one device.
   sampler    vLLM takes gpu_memory_utilization x the GPU's memory (weights / TP, then KV cache in the rest).
@@ -287,16 +288,22 @@ def trainer_bytes(m: ModelShape, client: ArcticRLClientConfig, tokens: int) -> d
         out["zero buffers"] = p * (min(ZERO3_LIVE_PARAMS, psi) + min(ZERO_BUCKET, psi))
     elif stage in (1, 2):
         out["zero buffers"] = p * 2 * min(ZERO_BUCKET, psi)
-    out["activations"] = activation_bytes(m, tokens, p, tc.gradient_checkpointing, tc.chunk_tokens)
+    out["activations"] = activation_bytes(
+        m, tokens, p, tc.gradient_checkpointing, tc.chunk_tokens, offload=tc.offload_activations
+    )
     out["context"] = CUDA_CONTEXT
     return out
 
 
-def activation_bytes(m: ModelShape, tokens: int, b: int, checkpointing: bool, chunk_tokens: int) -> float:
+def activation_bytes(
+    m: ModelShape, tokens: int, b: int, checkpointing: bool, chunk_tokens: int, offload: bool = False
+) -> float:
     # what autograd keeps of one decoder layer per token: norms, q/k/v and their rotated copies, attention
     # output, the MLP's gate, up, activation and product (roughly)
     layer = tokens * b * (3 * m.hidden + 4 * m.q_dim + 4 * m.kv_dim + 5 * m.intermediate)
-    kept = m.layers * tokens * m.hidden * b + layer if checkpointing else m.layers * layer
+    # checkpointing keeps each layer's input (on the host with offload_activations) and recomputes one layer
+    inputs = 0 if offload else m.layers * tokens * m.hidden * b
+    kept = inputs + layer if checkpointing else m.layers * layer
     logits = 3 * min(chunk_tokens, tokens) * m.vocab * 4  # fp32 logits, log-softmax and its grad of a chunk
     return kept + logits
 
@@ -527,6 +534,13 @@ def _notes(
         notes.append(
             f"weight sync 'reload': trainer rank 0 gathers the whole model on the host "
             f"({_g(2 * m.params)} GiB in bf16) and ships it to every sampler replica through Ray's object store"
+        )
+    tc = client.training_config
+    if tc.offload_activations:
+        offloaded = m.layers * micro_batch_tokens(run, client) * m.hidden * (2 if tc.dtype == "bfloat16" else 4)
+        notes.append(
+            f"offload_activations: each trainer rank keeps its layers' checkpointed inputs in pinned host "
+            f"memory during the backward ({_g(offloaded)} GiB per rank at the longest micro-batch)"
         )
     if not run.checkpoint.every:
         notes.append("checkpoint.every=0: no checkpoints; a requeued job restarts from step 0")

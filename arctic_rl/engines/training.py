@@ -151,6 +151,7 @@ class TrainingWorker:
             self.cfg.model_overrides,
             torch.float32,
             gradient_checkpointing=tc.gradient_checkpointing and self.trainable,
+            offload_activations=tc.offload_activations,
         )
         # ZeRO-3 over several ranks gathers the LM head's weight collectively on every head call: the ranks
         # must make the same number of chunked head calls.

@@ -37,7 +37,7 @@ tokens, H query heads, K kv heads, D head dim, G responses in a group.
 
 from __future__ import annotations
 
-import contextlib
+import contextvars
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -489,10 +489,9 @@ def zorro_attention_forward(
 ):
     """transformers attention-interface function: query [1, H, N, D], key/value [1, K, N, D] ->
     ([1, N, H, D], None). Needs `zorro_plan` in the model call's kwargs (set by zorro_log_probs)."""
-    if zorro_plan is None:
-        raise RuntimeError(
-            f"attention implementation {ATTN_IMPLEMENTATION!r} is only usable through "
-            "arctic_rl.zorro.train.zorro_log_probs (no zorro_plan was passed)"
+    if zorro_plan is None:  # a plain forward of a model ZoRRo has switched (see use_zorro_attention)
+        return _fallback_attention()(
+            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
         )
     if query.shape[0] != 1 or query.shape[2] != zorro_plan.num_tokens:
         raise RuntimeError(
@@ -518,28 +517,46 @@ def zorro_attention_forward(
 def register() -> str:
     """Registers the ZoRRo attention function with transformers (idempotent); returns its name."""
     from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface
 
     AttentionInterface.register(ATTN_IMPLEMENTATION, zorro_attention_forward)
+    AttentionMaskInterface.register(ATTN_IMPLEMENTATION, _zorro_mask)
     return ATTN_IMPLEMENTATION
 
 
-@contextlib.contextmanager
-def zorro_attention_enabled(model):
-    """Points every config of `model` at the ZoRRo attention function for the duration."""
+# True while zorro_log_probs runs the decoder body: transformers then builds no mask (ZoRRo's plan is the mask).
+_IN_ZORRO_BODY: contextvars.ContextVar[bool] = contextvars.ContextVar("in_zorro_body", default=False)
+
+
+def _fallback_attention():
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    return ALL_ATTENTION_FUNCTIONS["sdpa"]
+
+
+def _zorro_mask(*args, **kwargs):
+    """transformers' mask for a model switched to ZoRRo: none inside zorro_log_probs, SDPA's otherwise."""
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
+
+    return None if _IN_ZORRO_BODY.get() else ALL_MASK_ATTENTION_FUNCTIONS["sdpa"](*args, **kwargs)
+
+
+def use_zorro_attention(model) -> None:
+    """Points every config of `model` at the ZoRRo attention function, for good (idempotent). It runs ZoRRo
+    when the model call carries a `zorro_plan` and SDPA (mask and attention) otherwise. It must stay in place
+    after the forward: gradient checkpointing recomputes each layer inside the backward, and a recompute with
+    SDPA over the packed ZoRRo row would be wrong (where the shapes happen to match, silently)."""
     register()
-    configs = {}
     for m in model.modules():
         c = getattr(m, "config", None)
-        if c is not None and hasattr(c, "_attn_implementation_internal"):
-            configs[id(c)] = c
-    saved = [(c, c._attn_implementation_internal) for c in configs.values()]
-    try:
-        for c, _ in saved:
-            c._attn_implementation_internal = ATTN_IMPLEMENTATION
-        yield
-    finally:
-        for c, impl in saved:
-            c._attn_implementation_internal = impl
+        if c is None or not hasattr(c, "_attn_implementation_internal"):
+            continue
+        impl = c._attn_implementation_internal
+        if impl == ATTN_IMPLEMENTATION:
+            continue
+        if impl not in (None, "sdpa"):
+            raise ValueError(f"ZoRRo Train runs on models loaded with attn_implementation='sdpa' (this one: {impl!r})")
+        c._attn_implementation_internal = ATTN_IMPLEMENTATION
 
 
 def pick_backend(device: torch.device, attention: str = "auto", dtype: torch.dtype = torch.float32) -> str:
@@ -579,7 +596,9 @@ def zorro_log_probs(
     device = batch["input_ids"].device
     dtype = next(model.parameters()).dtype
     plan = build_plan(batch, device=device, backend=pick_backend(device, attention, dtype))
-    with zorro_attention_enabled(model):
+    use_zorro_attention(model)
+    token = _IN_ZORRO_BODY.set(True)
+    try:
         hidden_1NH = body(
             input_ids=plan.input_ids,
             position_ids=plan.position_ids,
@@ -587,6 +606,8 @@ def zorro_log_probs(
             use_cache=False,
             zorro_plan=plan,
         ).last_hidden_state
+    finally:
+        _IN_ZORRO_BODY.reset(token)
     out_M = head_post_process(
         hidden_1NH[0].index_select(0, plan.pred_index),
         plan.labels,

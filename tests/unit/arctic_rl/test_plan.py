@@ -130,3 +130,18 @@ def test_hub_model_without_a_config_is_refused():
     run = load_run_config(BIRD, ["model.name_or_path=SomeOrg/NotShipped-7B"])
     with pytest.raises(ConfigError, match="no config to size it from.*--model-config"):
         make_plan(run, nodes=4, gpus_per_node=8)
+
+
+def test_offloaded_activations_leave_the_device():
+    """offload_activations takes the layers' checkpointed inputs (layers x tokens x hidden, bf16) off the GPU
+    estimate and says what they take on the host."""
+    on = load_run_config(BIRD, ["backend.training_config.offload_activations=true"])
+    off = load_run_config(BIRD, ["backend.training_config.offload_activations=false"])
+    p_on, p_off = (make_plan(r, nodes=4, gpus_per_node=8) for r in (on, off))
+    m = p_on.model
+    act = [
+        next(e for e in p.gpus[5].engines if e.engine == "training").awake_bytes["activations"] for p in (p_on, p_off)
+    ]
+    tokens = 32768 + 8 * 4096  # one prompt group, ZoRRo: the prompt once and its 8 responses
+    assert act[1] - act[0] == pytest.approx(m.layers * tokens * m.hidden * 2)
+    assert any("offload_activations" in n for n in p_on.notes) and not any("offload_act" in n for n in p_off.notes)

@@ -207,10 +207,15 @@ def test_sliding_window_longer_than_sequence_is_refused():
         zt.zorro_log_probs(model, make_batch([(5, [3])], P=5, R=3, seed=10))
 
 
-def test_config_restored_and_unknown_backend():
+def test_plain_forward_after_zorro_and_unknown_backend():
+    # ZoRRo's attention stays installed (checkpoint recomputes need it); plain forwards, padding masks
+    # included, still run SDPA with transformers' own masks
     model = tiny_model("llama")
+    padded = make_batch(MIXED, P=12, R=6, seed=12)
+    before = naive_log_probs(model, padded)["log_probs"]
     zt.zorro_log_probs(model, make_batch([(5, [3])], P=5, R=3))
-    assert model.config._attn_implementation == "sdpa"
+    assert model.config._attn_implementation == zt.ATTN_IMPLEMENTATION
+    assert torch.equal(naive_log_probs(model, padded)["log_probs"], before)
     with pytest.raises(ValueError, match="attention="):
         zt.zorro_log_probs(model, make_batch([(5, [3])], P=5, R=3), attention="nope")
 
@@ -226,3 +231,16 @@ def test_micro_batches_keep_prompt_groups_whole():
         assert all(sum(u == batch["uid"][i] for i in rows) == batch["uid"].count(u) for u in uids)
         part = zt.zorro_log_probs(model, select_rows(batch, rows))["log_probs"]
         torch.testing.assert_close(part, full[rows], atol=2e-5, rtol=0)
+
+
+@pytest.mark.parametrize("name", ["llama", "qwen3"])
+def test_exact_with_gradient_checkpointing(name):
+    # Checkpointing recomputes each layer inside the backward, after zorro_log_probs returned: the recompute
+    # must run ZoRRo's attention again (it ran the model's own SDPA before, which torch's checkpoint refused
+    # for GQA shapes; with equal shapes the gradients would have been silently wrong).
+    model = tiny_model(name, seed=6)
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.train()
+    assert_same(model, make_batch(MIXED, P=12, R=6, seed=6))
+    # the same model still runs plain forwards with its own attention
+    assert_same(model, make_batch(MIXED, P=12, R=6, seed=7))
