@@ -45,7 +45,7 @@ from arctic_rl import advantages, tracking
 from arctic_rl.batch import from_samples, group_rows, select_rows
 from arctic_rl.client.client import ArcticRLClient, create_arctic_rl_client
 from arctic_rl.errors import ConfigError
-from arctic_rl.loop_data import prompt_ids, step_indices, step_seed
+from arctic_rl.loop_data import fit_window, prompt_ids, step_indices, step_seed
 from arctic_rl.loop_eval import LoopEvals
 from arctic_rl.loop_sft import sft_warmup
 from arctic_rl.loop_state import LoopState, flush_metrics, load_checkpoint, resume_path, save_checkpoint
@@ -263,8 +263,21 @@ def run(
     np.random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)
 
+    client_config = client.config if client is not None else cfg.client_config()
+    window = client_config.vllm_config.max_seq_len
+    examples, dropped = fit_window(examples, tokenizer, window)
+    if not examples:
+        raise ConfigError(
+            f"every train example's prompt has vllm_config.max_seq_len={window} tokens or more: raise it "
+            f"(within the model's window) or shorten the prompts"
+        )
+    if dropped and not quiet:
+        print(
+            f"arctic-rl: left out {dropped} of {len(examples) + dropped} train examples whose prompt has "
+            f"vllm_config.max_seq_len={window} tokens or more"
+        )
     own_client = client is None
-    client = client or create_arctic_rl_client(cfg.client_config())
+    client = client or create_arctic_rl_client(client_config)
     sleep = EngineSleep(client, cfg)
     sleep.wake_all()  # a given client may come from a run that stopped mid-step with engines asleep
     ckpt_root = cfg.checkpoint_dir

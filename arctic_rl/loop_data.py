@@ -32,3 +32,13 @@ def prompt_ids(tokenizer, example: dict) -> list[int]:
     text = tokenizer.apply_chat_template(example["messages"], tokenize=False, add_generation_prompt=True)
     # The template already holds any BOS: tokenize without adding special tokens again.
     return tokenizer(text + example.get("assistant_prefix", ""), add_special_tokens=False)["input_ids"]
+
+
+def fit_window(examples: list[dict], tokenizer, max_seq_len: int | None) -> tuple[list[dict], int]:
+    """(the examples whose prompt the sampler can take: fewer than `max_seq_len` tokens, the number dropped).
+    As verl's filter_overlong_prompts: one long prompt in a data set must not end a run at the step that
+    draws it (the sampler refuses the whole request)."""
+    if max_seq_len is None:
+        return examples, 0
+    kept = [ex for ex in examples if len(prompt_ids(tokenizer, ex)) < max_seq_len]
+    return kept, len(examples) - len(kept)
