@@ -29,9 +29,13 @@ def step_seed(seed: int, step: int) -> int:
 
 
 def prompt_ids(tokenizer, example: dict) -> list[int]:
-    text = tokenizer.apply_chat_template(example["messages"], tokenize=False, add_generation_prompt=True)
     # The template already holds any BOS: tokenize without adding special tokens again.
-    return tokenizer(text + example.get("assistant_prefix", ""), add_special_tokens=False)["input_ids"]
+    return tokenizer(_prompt_text(tokenizer, example), add_special_tokens=False)["input_ids"]
+
+
+def _prompt_text(tokenizer, example: dict) -> str:
+    text = tokenizer.apply_chat_template(example["messages"], tokenize=False, add_generation_prompt=True)
+    return text + example.get("assistant_prefix", "")
 
 
 def fit_window(examples: list[dict], tokenizer, max_seq_len: int | None) -> tuple[list[dict], int]:
@@ -40,5 +44,14 @@ def fit_window(examples: list[dict], tokenizer, max_seq_len: int | None) -> tupl
     draws it (the sampler refuses the whole request)."""
     if max_seq_len is None:
         return examples, 0
-    kept = [ex for ex in examples if len(prompt_ids(tokenizer, ex)) < max_seq_len]
+    kept = [ex for ex in examples if _prompt_len_below(tokenizer, ex, max_seq_len)]
     return kept, len(examples) - len(kept)
+
+
+def _prompt_len_below(tokenizer, example: dict, limit: int) -> bool:
+    text = _prompt_text(tokenizer, example)
+    # A token covers at least one byte (a few more tokens for a prefix space or BOS): short texts need no
+    # tokenizing, which for a large data set of long prompts is most of the cost.
+    if len(text.encode()) + 8 < limit:
+        return True
+    return len(tokenizer(text, add_special_tokens=False)["input_ids"]) < limit
