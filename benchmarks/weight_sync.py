@@ -1,0 +1,164 @@
+"""Weight sync: seconds per sync and the peak extra resident memory of every process involved (controller,
+trainer, reference, sampler), the bucketed streaming sync (`sync_weights`, vllm_config.sync_bucket_mb) vs the
+whole-model path it replaced (the controller's `sync_weights_whole_model`, kept for this comparison), in the
+same run, for the demo model (SmolLM2-135M) and a synthetic 1B-parameter float32 Llama.
+
+    python benchmarks/weight_sync.py [--models demo,1b] [--bucket-mb 256]
+
+Peak extra RSS of a process: "5" is written to /proc/<pid>/clear_refs before the sync (the kernel resets
+VmHWM to the current RSS), VmHWM is read after it; extra = VmHWM - RSS before. It counts the object-store
+pages a process touched, as the kernel does. The ratio is the largest process's extra over the model's size
+in the sampler's dtype; the streaming sync's limit is 1/2 (issue 17). A benchmark, not a test: run it alone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from report import Report, add_report_args
+
+REPO = Path(__file__).resolve().parent.parent
+# The synthetic model: about 1.0e9 parameters (24 layers of 42M, a 512-token vocabulary), 4 GB in float32.
+SYNTHETIC_1B = {"hidden": 2048, "layers": 24, "heads": 16, "kv_heads": 16}
+
+
+def synthetic_model(path: Path) -> Path:
+    """A random 1B-parameter float32 Llama saved as safetensors (tests/tiny_models.py builds it; no download)."""
+    sys.path.insert(0, str(REPO / "tests"))
+    from tiny_models import make_tiny_model
+
+    if (path / "config.json").exists():
+        return path
+    return make_tiny_model(path, "llama", **SYNTHETIC_1B)
+
+
+def model_bytes(path: Path) -> int:
+    return sum(f.stat().st_size for f in path.glob("*.safetensors"))
+
+
+def _status_kib(pid: int, field: str) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    raise KeyError(f"/proc/{pid}/status has no {field}")
+
+
+class PeakRSS:
+    """Peak extra resident memory of processes over a span: reset each one's high-water mark, then read it."""
+
+    def __init__(self, pids: dict[str, int]):
+        self.pids = pids
+        self.before: dict[str, int] = {}
+
+    def __enter__(self) -> PeakRSS:
+        for name, pid in self.pids.items():
+            Path(f"/proc/{pid}/clear_refs").write_text("5")  # VmHWM := current RSS
+            self.before[name] = _status_kib(pid, "VmRSS")
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.extra = {name: (_status_kib(pid, "VmHWM") - self.before[name]) << 10 for name, pid in self.pids.items()}
+
+
+def engine_pids(client) -> dict[str, int]:
+    """The controller's and every engine worker's process id (all on this machine)."""
+    import ray
+
+    handle = client._t.handle
+    pids = {"controller": ray.get(handle.__ray_call__.remote(lambda actor: os.getpid()))}
+    for name, info in ray.get(handle.health.remote())["engines"].items():
+        pids[name] = info["pid"]
+    return pids
+
+
+def deploy(model: Path, bucket_mb: int):
+    from arctic_rl import ArcticRLClientConfig, create_arctic_rl_client
+
+    # float32, ZeRO stage 0: no optimizer state or flat fp32 copy is made before a step, so the 1B model
+    # fits three times (trainer, reference, sampler) in a small machine's memory.
+    return create_arctic_rl_client(
+        ArcticRLClientConfig(
+            model_name=str(model),
+            training_config={"dtype": "float32", "zero_stage": 0, "micro_batch_size": 1},
+            vllm_config={"max_seq_len": 256, "sync_bucket_mb": bucket_mb, "max_num_seqs": 4},
+        )
+    )
+
+
+def measure(client, sync) -> tuple[float, dict[str, int], dict]:
+    with PeakRSS(engine_pids(client)) as peak:
+        t0 = time.perf_counter()
+        out = sync()
+        secs = time.perf_counter() - t0
+    return secs, peak.extra, out
+
+
+def bench_model(report: Report, label: str, model: Path, bucket_mb: int) -> None:
+    import ray
+
+    size = model_bytes(model)
+    client = deploy(model, bucket_mb)
+    try:
+        handle = client._t.handle
+        client.sync_weights()  # warm-up: vLLM's first reload sets up its layerwise loaders
+        runs = [
+            ("streaming", f"{bucket_mb} MiB buckets", client.sync_weights),
+            ("whole model", "one state dict", lambda: ray.get(handle.sync_weights_whole_model.remote())),
+        ]
+        for path, detail, sync in runs:
+            secs, extra, out = measure(client, sync)
+            worst = max(extra, key=lambda k: extra[k])
+            row = {
+                "model": label,
+                "model MiB": size / 2**20,
+                "sync": path,
+                "detail": detail,
+                "sync s": secs,
+                "buckets": out.get("buckets", 1),
+            }
+            row.update({f"{name} extra MiB": v / 2**20 for name, v in extra.items()})
+            row["ratio (max extra / model)"] = extra[worst] / size
+            row["limit"] = 0.5 if path == "streaming" else "-"
+            report.add("Peak extra RSS per process during one sync", **row)
+            print(row, flush=True)
+    finally:
+        client.shutdown()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", default="demo,1b", help="comma-separated: demo, 1b")
+    ap.add_argument("--bucket-mb", type=int, default=256)
+    ap.add_argument("--model-dir", type=Path, default=None, help="where the synthetic model is built (a temp dir)")
+    add_report_args(ap)
+    a = ap.parse_args()
+    report = Report.start("weight_sync", "Weight sync: streaming buckets vs the whole-model path", a)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    from arctic_rl.demo_model import demo_model_path
+
+    with tempfile.TemporaryDirectory(prefix="arctic-rl-sync-bench-") as tmp:
+        for label in a.models.split(","):
+            if label == "demo":
+                bench_model(report, "SmolLM2-135M (demo)", demo_model_path(), a.bucket_mb)
+            elif label == "1b":
+                model = synthetic_model((a.model_dir or Path(tmp)) / "synthetic-1b")
+                bench_model(report, "synthetic 1B (fp32)", model, a.bucket_mb)
+            else:
+                raise SystemExit(f"--models: unknown model {label!r} (demo, 1b)")
+    report.note(
+        "extra = VmHWM after the sync - VmRSS before it (VmHWM reset through /proc/<pid>/clear_refs); "
+        "ratio = the largest process's extra / the model's safetensors size; limit: the streaming sync's bound "
+        "(model size / 2). Each sync includes the exact weight check and the log-prob probe. One warm-up "
+        "streaming sync runs first."
+    )
+    report.write()
+
+
+if __name__ == "__main__":
+    main()
