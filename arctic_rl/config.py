@@ -100,9 +100,16 @@ class VLLMConfig(Strict):
     enable_prefix_caching: bool = True
     weight_sync: Literal["reload", "nccl", "ipc"] = Field(
         "reload",
-        description="'reload': gathered state dict -> vLLM reload_weights (any device); "
+        description="'reload': buckets of the gathered weights -> vLLM reload_weights (any device); "
         "'nccl': trainer rank 0 broadcasts into the vLLM workers (CUDA, split placement); "
         "'ipc': CUDA IPC handles read in place (CUDA, colocated)",
+    )
+    sync_bucket_mb: int = Field(
+        256,
+        ge=1,
+        description="weight sync streams the trainer's parameters in buckets of at most this many MiB (in the "
+        "sampler's dtype), gathered, sent and loaded one bucket at a time, so no process holds the whole model; "
+        "a single vLLM module larger than this is a bucket of its own",
     )
     cpu_kvcache_space_gb: float = Field(1.0, gt=0, description="CPU only: KV cache size (VLLM_CPU_KVCACHE_SPACE)")
     engine_kwargs: dict[str, Any] = Field(default_factory=dict, description="passed to vllm.LLM as is")

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The GPU checks as one prepared command, for a CUDA machine: tests/gpu/test_gpu.py (skipped without CUDA),
+# The GPU checks as one prepared command, for a CUDA machine: tests/gpu/test_gpu.py and test_weight_sync_ipc.py
+# (bucketed sync over CUDA IPC between two processes; all skipped without CUDA),
 # then the two ZoRRo benchmarks on the GPU. Each step runs even if an earlier one failed; logs and
 # plots go to $OUT.
 #
@@ -30,7 +31,7 @@ print("flash forward:", torch.ops.aten._flash_attention_forward.default._schema)
 EOF
 } 2>&1 | tee "$OUT/env.txt"
 
-timeout 300 "$PY" -m pytest -q -s -rs --durations=10 -p no:cacheprovider tests/gpu/test_gpu.py 2>&1 | tee "$OUT/gpu_tests.log"
+timeout 300 "$PY" -m pytest -q -s -rs --durations=10 -p no:cacheprovider tests/gpu/test_gpu.py tests/gpu/test_weight_sync_ipc.py 2>&1 | tee "$OUT/gpu_tests.log"
 timeout 150 "$PY" benchmarks/cascade_attention.py --device cuda --out "$OUT" 2>&1 | tee "$OUT/bench_cascade_cuda.log"
 timeout 300 "$PY" benchmarks/zorro_train.py --device cuda --out "$OUT" 2>&1 | tee "$OUT/bench_zorro_train_cuda.log"
 

@@ -7,6 +7,8 @@ On CUDA with tensor parallelism the same call goes through `collective_rpc` to e
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
 import socket
 import time
@@ -17,6 +19,7 @@ import torch
 from arctic_rl.config import ArcticRLClientConfig, sampler_dtype
 from arctic_rl.engines.model import accelerator
 from arctic_rl.engines.startup import reports_start_failure
+from arctic_rl.engines.weight_buckets import FUSED, Entry, unpack
 from arctic_rl.errors import BatchFormatError
 
 
@@ -155,17 +158,29 @@ class SamplingWorker:
         self.llm.reset_prefix_cache()  # cached KV was computed with the old weights
         return time.time() - t0
 
+    def load_bucket(self, buffer, dtype: str, entries: list[Entry], load: bool = True, check: bool = True) -> dict:
+        """One bucket of a streaming sync (engines/weight_buckets.py): loads it (`load`) and/or compares every
+        parameter it fully covers with it, exactly (`check`). {"checked", "unchecked", "stale", "load_s"}
+        over all TP ranks; stale: None or (name, max abs difference)."""
+        t0 = time.time()
+        weights = unpack(buffer, dtype, entries)
+        if load:
+            self.llm.collective_rpc(_reload_bucket, kwargs={"weights": weights})
+        load_s = time.time() - t0
+        parts = []
+        if check:
+            parts = self.llm.collective_rpc(_check_worker_weights, kwargs={"state": dict(weights), "partial": True})
+        return {**_merge_checks(parts), "load_s": load_s}
+
+    def reset_prefix_cache(self) -> None:
+        """After the last bucket of a sync: cached KV was computed with the old weights."""
+        self.llm.reset_prefix_cache()
+
     def check_weights(self, state: dict[str, torch.Tensor]) -> dict:
         """Compares every parameter vLLM holds with the trainer's `state`, exactly, in the sampler's dtype
         (see `stale_tensor`): {"checked", "unchecked", "stale": None or (name, max abs difference)}, over
         all TP ranks."""
-        parts = self.llm.collective_rpc(_check_worker_weights, kwargs={"state": state})
-        stale = next((p["stale"] for p in parts if p["stale"] is not None), None)
-        return {
-            "checked": sum(p["checked"] for p in parts),
-            "unchecked": sum(p["unchecked"] for p in parts),
-            "stale": stale,
-        }
+        return _merge_checks(self.llm.collective_rpc(_check_worker_weights, kwargs={"state": state}))
 
     # -- CUDA NCCL / IPC weight transfer (engines/weight_sync.py drives these) ------------------------------
     def tensor_parallel_size(self) -> int:
@@ -192,19 +207,54 @@ class SamplingWorker:
         self.asleep = False
 
 
-# vLLM fuses these HF projections into one parameter, concatenated along dim 0 in this order.
-FUSED = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
+def _merge_checks(parts: list[dict]) -> dict:
+    stale = next((p["stale"] for p in parts if p["stale"] is not None), None)
+    return {
+        "checked": sum(p["checked"] for p in parts),
+        "unchecked": sum(p["unchecked"] for p in parts),
+        "stale": stale,
+    }
 
 
-def _check_worker_weights(worker, state: dict[str, torch.Tensor]) -> dict:
+# vLLM's reload logs a warning for every module that got no weights in a call, and lists every parameter
+# not loaded: with buckets, that is all of the model outside the bucket, on every bucket.
+_PARTIAL_RELOAD_LOGGERS = (
+    "vllm.model_executor.model_loader.reload.layerwise",
+    "vllm.model_executor.model_loader.reload.inplace",
+)
+
+
+def _reload_bucket(worker, weights: list[tuple[str, torch.Tensor]]) -> None:
+    """Runs in each vLLM worker: loads one bucket (whole vLLM modules) in place; the rest keep their tensors."""
+    loggers = [logging.getLogger(n) for n in _PARTIAL_RELOAD_LOGGERS]
+    levels = [lg.level for lg in loggers]
+    with contextlib.ExitStack() as undo:
+        for lg, level in zip(loggers, levels):
+            lg.setLevel(logging.ERROR)
+            undo.callback(lg.setLevel, level)
+        worker.reload_weights(weights_iterator=iter(weights))
+
+
+def _pieces(name: str) -> list[str]:
+    """The trainer's parameter names a vLLM parameter is loaded from (fused pieces in order)."""
+    for fused, parts in FUSED.items():
+        if f".{fused}." in name:
+            return [name.replace(fused, p) for p in parts]
+    return [name]
+
+
+def _check_worker_weights(worker, state: dict[str, torch.Tensor], partial: bool = False) -> dict:
     """Runs in each vLLM worker: the first parameter that differs from the trainer's, in named_parameters
     order. Parameters whose layout cannot be rebuilt (vLLM-CPU repacks linear weights and leaves them empty)
-    are counted as unchecked; the controller's log-prob probe covers those."""
+    are counted as unchecked; the controller's log-prob probe covers those. `partial`: `state` is one bucket,
+    and parameters it does not fully cover are left to the buckets that do."""
     from vllm.distributed import get_tensor_model_parallel_rank, get_tensor_model_parallel_world_size
 
     rank, world = get_tensor_model_parallel_rank(), get_tensor_model_parallel_world_size()
     checked = unchecked = 0
     for name, param in worker.model_runner.model.named_parameters():
+        if partial and not all(p in state for p in _pieces(name)):
+            continue
         expected = _expected_param(name, param, state, rank, world) if param.numel() > 0 else None
         if expected is None:
             unchecked += 1
@@ -223,10 +273,7 @@ def _expected_param(
     """What `param` must hold given the trainer's full state, cast to the param's dtype (as loading does):
     fused pieces concatenated, this TP rank's shard, a padded vocabulary's extra rows taken as they are.
     None when the trainer has no such tensor or the layout is not one of these."""
-    pieces = [name]
-    for fused, parts in FUSED.items():
-        if f".{fused}." in name:
-            pieces = [name.replace(fused, p) for p in parts]
+    pieces = _pieces(name)
     if not all(p in state for p in pieces):
         return None
     tensors = [state[p].to(param.dtype) for p in pieces]

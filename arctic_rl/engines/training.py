@@ -12,21 +12,25 @@ was accumulated (checked equal to one backward over the summed loss for all thre
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import pickle
 import socket
 import time
+from collections import deque
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 
 from arctic_rl.batch import Batch
-from arctic_rl.config import ArcticRLClientConfig
+from arctic_rl.config import ArcticRLClientConfig, sampler_dtype
 from arctic_rl.engines.forward import response_log_probs
 from arctic_rl.engines.model import accelerator, load_hf_model
 from arctic_rl.engines.startup import reports_start_failure
-from arctic_rl.errors import ConfigError
+from arctic_rl.engines.weight_buckets import Entry, pack, plan_buckets, unpack
+from arctic_rl.errors import ArcticRLError, ConfigError, EngineDeadError, EngineError
 from arctic_rl.losses import load_loss_modules, resolve_loss_fn, resolve_post_processor
 
 MicroBatch = Batch | None
@@ -314,6 +318,109 @@ class TrainingWorker:
                 out[name] = t
         return out if self.rank == 0 else None
 
+    # -- streaming weight sync: buckets of whole vLLM modules, gathered, sent and loaded one at a time ---------
+    def _zero3(self) -> bool:
+        return self.cfg.training_config.zero_stage == 3 and self.engine is not None
+
+    def _gathered_buckets(self, itemsize: int) -> Iterator[list[tuple[str, torch.Tensor]]]:
+        """The parameters in buckets of at most vllm_config.sync_bucket_mb (counted at `itemsize` bytes per
+        element), each gathered while it is being read. Under ZeRO-3 every rank must iterate to the end: the
+        gathers are collectives."""
+        import deepspeed
+
+        params = dict(self.module.model.named_parameters())
+        zero3 = self._zero3()
+        sizes = [(n, (p.ds_numel if zero3 else p.numel()) * itemsize) for n, p in params.items()]
+        for names in plan_buckets(sizes, self.cfg.vllm_config.sync_bucket_mb << 20):
+            group = [params[n] for n in names]
+            with deepspeed.zero.GatheredParameters(group) if zero3 else contextlib.nullcontext():
+                yield [(n, p.detach()) for n, p in zip(names, group)]
+
+    def stream_weights(self, samplers: list, load: bool = True, check: bool = True) -> dict | None:
+        """Every rank calls it; rank 0 sends each bucket, in the sampler's dtype, to every sampler's
+        `load_bucket` (load it, and/or compare the parameters it covers). Returns, on rank 0, each replica's
+        comparison summed over buckets ({"checked", "unchecked", "stale"}) and timings; None elsewhere."""
+        dtype = getattr(torch, sampler_dtype(self.cfg))
+
+        def send(ref, entries: list[Entry]) -> list:
+            return [s.load_bucket.remote(ref, str(dtype).split(".")[-1], entries, load, check) for s in samplers]
+
+        return self._stream(dtype, send, "sampling")
+
+    def stream_to_reference(self, reference: list) -> dict | None:
+        """Every rank calls it; rank 0 sends each bucket, in the training dtype, to the reference workers'
+        `load_weight_bucket` (reference := current policy). A ZeRO-3 reference gathers each bucket on all its
+        ranks and takes the values from its rank 0, so only that one receives the data."""
+        dtype = next(self.module.model.parameters()).dtype
+        shards = self.cfg.training_config.zero_stage == 3
+
+        def send(ref, entries: list[Entry]) -> list:
+            name = str(dtype).split(".")[-1]
+            return [
+                r.load_weight_bucket.remote(ref if i == 0 or not shards else None, name, entries)
+                for i, r in enumerate(reference)
+            ]
+
+        return self._stream(dtype, send, "reference")
+
+    def _stream(self, dtype: torch.dtype, send: Callable[[Any, list[Entry]], list], engine: str) -> dict | None:
+        import ray
+
+        if self.rank != 0 and not self._zero3():
+            return None  # ZeRO-1/2 ranks hold the full parameters: rank 0 alone sends
+        itemsize = torch.empty((), dtype=dtype).element_size()
+        inflight: deque[list] = deque()
+        replies: list[list[dict]] = []
+        error: ArcticRLError | None = None
+        gather_s = wait_s = 0.0
+        buckets = 0
+        t = time.perf_counter()
+        for bucket in self._gathered_buckets(itemsize):
+            if self.rank != 0:
+                continue  # took part in the gather
+            flat, entries = pack(bucket, dtype)
+            del bucket
+            gather_s += time.perf_counter() - t
+            if error is None:  # after a failure, keep iterating: the other ranks are in the same gathers
+                ref = ray.put(flat.numpy())
+                del flat
+                inflight.append(send(ref, entries))
+                del ref  # the receivers' tasks hold it until they finish
+                buckets += 1
+                # At most two buckets in flight: the next one is gathered while the receivers load this one.
+                if len(inflight) >= 2:
+                    t = time.perf_counter()
+                    error = _collect(inflight.popleft(), replies, engine) or error
+                    wait_s += time.perf_counter() - t
+            t = time.perf_counter()
+        if self.rank != 0:
+            return None
+        t = time.perf_counter()
+        while inflight:
+            error = _collect(inflight.popleft(), replies, engine) or error
+        wait_s += time.perf_counter() - t
+        if error is not None:
+            raise error
+        return {"replicas": _sum_replies(replies), "buckets": buckets, "gather_s": gather_s, "wait_s": wait_s}
+
+    @torch.no_grad()
+    def load_weight_bucket(self, buffer, dtype: str, entries: list[Entry]) -> None:
+        """Frozen workers only: replace the bucket's parameters (reference := current policy). Under ZeRO-3
+        every rank is called with the same entries; rank 0 gets the data and the gather hands it to the
+        other ranks' partitions on exit."""
+        import deepspeed
+
+        params = dict(self.module.model.named_parameters())
+        unknown = [name for name, _, _ in entries if name not in params]
+        if unknown:
+            raise ValueError(f"reference update: unexpected parameter names {unknown[:4]}")
+        group = [params[name] for name, _, _ in entries]
+        zero3 = self._zero3()
+        with deepspeed.zero.GatheredParameters(group, modifier_rank=0) if zero3 else contextlib.nullcontext():
+            if buffer is not None:
+                for name, t in unpack(buffer, dtype, entries):
+                    params[name].data.copy_(t)
+
     def transfer_connect(self, samplers: list, master_port: int, num_sampler_workers: int) -> None:
         """CUDA only: join vLLM's weight-transfer engine, NCCL or IPC (rank 0 is the sender and binds
         `master_port`, a port from its own `rendezvous`)."""
@@ -330,16 +437,11 @@ class TrainingWorker:
             ray.util.get_node_ip_address(),
             master_port,
             num_sampler_workers,
+            self.cfg.vllm_config.sync_bucket_mb,
         )
 
     def transfer_send(self) -> None:
         self._wt.send_weights()
-
-    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
-        """Frozen workers only: replace the weights (e.g. reference := current policy)."""
-        missing, unexpected = self.module.model.load_state_dict(state, strict=False)
-        if unexpected:
-            raise ValueError(f"reference update: unexpected parameter names {unexpected[:4]}")
 
     def save_checkpoint(self, path: str) -> str:
         t0 = time.time()
@@ -352,3 +454,35 @@ class TrainingWorker:
         )
         if load_path is None:
             raise FileNotFoundError(f"no DeepSpeed checkpoint under {path!r} (tag 'arctic-rl')")
+
+
+def _collect(refs: list, replies: list[list[dict]], engine: str) -> ArcticRLError | None:
+    """Waits for one bucket's receivers and keeps their answers; a failure comes back as the error to raise
+    once the gathers are over."""
+    import ray
+
+    try:
+        replies.append(ray.get(refs))
+        return None
+    except ray.exceptions.RayTaskError as e:
+        if isinstance(e.cause, ArcticRLError):
+            return type(e.cause)(str(e.cause))
+        return EngineError(f"{engine} engine failed while loading a weight bucket: {str(e.cause or e).splitlines()[0]}")
+    except ray.exceptions.RayActorError as e:
+        return EngineDeadError(f"{engine} engine worker died during weight sync: {str(e).splitlines()[0]}")
+
+
+def _sum_replies(replies: list[list[dict]]) -> list[dict]:
+    """Per receiver, its bucket comparisons added up; counting stops at the first stale tensor, so
+    "checked" still says how many matched before it."""
+    if not replies or replies[0][0] is None:
+        return []
+    total = [{"checked": 0, "unchecked": 0, "stale": None, "load_s": 0.0} for _ in replies[0]]
+    for per_bucket in replies:
+        for acc, r in zip(total, per_bucket):
+            acc["load_s"] += r["load_s"]
+            if acc["stale"] is None:
+                acc["checked"] += r["checked"]
+                acc["unchecked"] += r["unchecked"]
+                acc["stale"] = r["stale"]
+    return total

@@ -2,14 +2,18 @@
   "nccl": trainer rank 0 broadcasts into every vLLM worker (split placement: engines on different GPUs);
   "ipc":  CUDA IPC handles of the trainer's tensors, read in place by vLLM workers on the same GPU (colocated).
 
-Used when `vllm_config.weight_sync` is "nccl" or "ipc" on GPUs. The CPU path (and the CUDA default) hands
-the gathered state dict to vLLM's `reload_weights` instead (engines/sampling.py).
+Both stream in buckets: vLLM's packed mode, with a buffer of vllm_config.sync_bucket_mb (raised to the largest
+single parameter, which the IPC producer cannot split), so the trainer never holds a second copy of the model
+on the device; vLLM's `start_weight_update`/`finish_weight_update` session loads layer by layer across chunks.
+Used when `vllm_config.weight_sync` is "nccl" or "ipc" on GPUs. The CPU path (and the CUDA default) streams
+buckets to vLLM's `reload_weights` instead (TrainingWorker.stream_weights, SamplingWorker.load_bucket).
 Not run on this project's CPU machines (no GPU): written against vLLM 0.32's API and kept to the
 calls its own trainer engine makes (trainer_init -> send_weights).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from typing import Any
 
@@ -70,6 +74,12 @@ def zero_source(module: torch.nn.Module, zero_stage: int):
     return _Source()
 
 
+def packed_buffer_bytes(source, bucket_mb: int) -> int:
+    """The packed transfer's buffer: `bucket_mb` MiB, or the largest single parameter if that is larger."""
+    largest = max(math.prod(m.shape) * torch.empty((), dtype=m.dtype).element_size() for m in source.metadata())
+    return max(bucket_mb << 20, largest)
+
+
 def open_trainer_engine(
     backend: str,
     module,
@@ -79,16 +89,25 @@ def open_trainer_engine(
     master_address: str,
     master_port: int,
     num_sampler_workers: int,
+    bucket_mb: int,
 ):
-    """Trainer side; every trainer rank calls it (rank 0 is the sender)."""
+    """Trainer side; every trainer rank calls it (rank 0 is the sender). Packed: buckets of `bucket_mb`."""
     client, source = SamplerGroupClient(samplers), zero_source(module, zero_stage)
+    buffer = packed_buffer_bytes(source, bucket_mb)
     if backend == "ipc":
         from vllm.distributed.weight_transfer.ipc_engine import IPCTrainerInitInfo, IPCTrainerWeightTransferEngine
 
-        return IPCTrainerWeightTransferEngine.trainer_init(IPCTrainerInitInfo(rank=rank), client=client, source=source)
+        ipc = IPCTrainerInitInfo(rank=rank, packed=True, packed_buffer_size_bytes=buffer)
+        return IPCTrainerWeightTransferEngine.trainer_init(ipc, client=client, source=source)
     from vllm.distributed.weight_transfer.nccl_engine import NCCLTrainerInitInfo, NCCLTrainerWeightTransferEngine
 
     info = NCCLTrainerInitInfo(
-        master_address=master_address, master_port=master_port, world_size=1 + num_sampler_workers, rank=rank
+        master_address=master_address,
+        master_port=master_port,
+        world_size=1 + num_sampler_workers,
+        rank=rank,
+        packed=True,
+        packed_buffer_size_bytes=buffer,
+        packed_num_buffers=2,  # one bucket sending while the next is packed
     )
     return NCCLTrainerWeightTransferEngine.trainer_init(info, client=client, source=source)

@@ -235,18 +235,55 @@ class Controller:
         return {**outs[0], "step": self.step}
 
     def sync_weights(self) -> dict[str, float]:
+        """Trainer -> samplers, streamed in buckets of vllm_config.sync_bucket_mb: by vLLM's weight-transfer
+        engine on CUDA ("nccl"/"ipc"), else through the trainers' `stream_weights` (each bucket gathered,
+        put in the object store once and loaded by every sampler). This actor only coordinates: no weights
+        pass through it. Then the exact check and the log-prob probe."""
         t0 = time.time()
         with self._locked("training", "sampling"):
             if self.uses_transfer_engine:  # trainer -> vLLM workers by NCCL broadcast or CUDA IPC; no host copy
                 self._get([a.transfer_send.remote() for a in self.trainers], "training")
-                t_gather, secs = 0.0, [time.time() - t0]
+                sent = {"gather_s": 0.0, "load_s": time.time() - t0, "buckets": 0}
+                check = self._stream(load=False)[1]
+            else:
+                sent, check = self._stream(load=True)
+                self._get([s.reset_prefix_cache.remote() for s in self.samplers], "sampling")
+        probe = self._probe_log_prob_diff()
+        return {"sync_s": time.time() - t0, **sent, **check, "probe_max_abs_logprob_diff": probe}
+
+    def check_weights(self) -> dict:
+        """Whether the samplers hold exactly the trainer's current weights, without syncing (a sampler that
+        missed an update fails it): the buckets stream as in a sync, compared and not loaded. sync_weights
+        runs the same check while loading."""
+        with self._locked("training", "sampling"):
+            check = self._stream(load=False)[1]
+        return {**check, "probe_max_abs_logprob_diff": self._probe_log_prob_diff()}
+
+    def _stream(self, load: bool) -> tuple[dict[str, float], dict]:
+        """Every trainer rank streams its buckets to the samplers (rank 0 sends; ZeRO-3 ranks gather with it);
+        returns timings and the samplers' exact comparison, judged by weight_check."""
+        outs = self._get([t.stream_weights.remote(self.samplers, load, True) for t in self.trainers], "training")
+        out = outs[0]
+        timing = {
+            "gather_s": out["gather_s"],
+            "load_s": max(r["load_s"] for r in out["replicas"]),
+            "buckets": out["buckets"],
+        }
+        return timing, weight_check.verify_replicas(out["replicas"], sampler_dtype(self.cfg))
+
+    def sync_weights_whole_model(self) -> dict[str, float]:
+        """The sync before streaming, kept for benchmarks/weight_sync.py to compare against (not an op): the
+        whole model gathered into one state dict on trainer rank 0, sent through the object store to every
+        sampler, and sent again for the exact check."""
+        t0 = time.time()
+        with self._locked("training", "sampling"):
             pairs = [a.full_state_and_norms.options(num_returns=2).remote() for a in self.trainers]
-            state_ref, norms_ref = pairs[0]
+            state_ref = pairs[0][0]
             self._get([p[1] for p in pairs], "training")  # every rank took part (ZeRO-3 gathers)
-            if not self.uses_transfer_engine:
-                t_gather = time.time() - t0
-                secs = self._get([s.update_weights.remote(state_ref) for s in self.samplers], "sampling")
-            check = self._compare_weights(state_ref)
+            t_gather = time.time() - t0
+            secs = self._get([s.update_weights.remote(state_ref) for s in self.samplers], "sampling")
+            results = self._get([s.check_weights.remote(state_ref) for s in self.samplers], "sampling")
+            check = weight_check.verify_replicas(results, sampler_dtype(self.cfg))
         probe = self._probe_log_prob_diff()
         return {
             "sync_s": time.time() - t0,
@@ -255,19 +292,6 @@ class Controller:
             **check,
             "probe_max_abs_logprob_diff": probe,
         }
-
-    def check_weights(self) -> dict:
-        """Whether the samplers hold exactly the trainer's current weights, without syncing (a sampler that
-        missed an update fails it); sync_weights runs the same check after loading."""
-        with self._locked("training", "sampling"):
-            pairs = [a.full_state_and_norms.options(num_returns=2).remote() for a in self.trainers]
-            self._get([p[1] for p in pairs], "training")  # every rank took part (ZeRO-3 gathers)
-            check = self._compare_weights(pairs[0][0])
-        return {**check, "probe_max_abs_logprob_diff": self._probe_log_prob_diff()}
-
-    def _compare_weights(self, state_ref) -> dict:
-        results = self._get([s.check_weights.remote(state_ref) for s in self.samplers], "sampling")
-        return weight_check.verify_replicas(results, sampler_dtype(self.cfg))
 
     def _probe_diff(self) -> tuple[float, float]:
         trainer = self.dispatch("log_probs", {"batch": weight_check.probe_batch()})["log_probs"][0]
@@ -288,9 +312,8 @@ class Controller:
         """reference := current policy (for recipes that refresh their KL anchor)."""
         t0 = time.time()
         with self._locked("training", "reference"):
-            pairs = [a.full_state_and_norms.options(num_returns=2).remote() for a in self.trainers]
-            self._get([p[1] for p in pairs], "training")
-            self._get([r.load_state_dict.remote(pairs[0][0]) for r in self.reference], "reference")
+            # Trainer rank 0 streams buckets straight to the reference workers; nothing passes through here.
+            self._get([t.stream_to_reference.remote(self.reference) for t in self.trainers], "training")
         return {"update_reference_s": time.time() - t0}
 
     def sleep(self, engine: str) -> dict:
