@@ -12,6 +12,7 @@ was accumulated (checked equal to one backward over the summed loss for all thre
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import pickle
@@ -25,11 +26,25 @@ from arctic_rl.batch import Batch
 from arctic_rl.config import ArcticRLClientConfig
 from arctic_rl.engines.forward import response_log_probs
 from arctic_rl.engines.model import accelerator, load_hf_model
+from arctic_rl.engines.offload import EngineSleeper, state_digest
 from arctic_rl.engines.startup import reports_start_failure
-from arctic_rl.errors import ConfigError
+from arctic_rl.errors import ConfigError, EngineError
 from arctic_rl.losses import load_loss_modules, resolve_loss_fn, resolve_post_processor
 
 MicroBatch = Batch | None
+
+
+def _awake(method):
+    """Refuses the op while the worker is asleep: its state is in host memory (the controller checks first;
+    this catches a caller that reaches the worker another way)."""
+
+    @functools.wraps(method)
+    def op(self, *args, **kwargs):
+        if self.sleeper is not None:
+            raise EngineError(f"{_engine_name(self.trainable, self.rank)} is asleep: wake it before {method.__name__}")
+        return method(self, *args, **kwargs)
+
+    return op
 
 
 def _free_port() -> int:
@@ -117,6 +132,7 @@ class TrainingWorker:
         self.rank, self.world_size, self.trainable = rank, world_size, trainable
         self.engine: Any = None  # the DeepSpeed engine, made in setup()
         self.module: Any = None
+        self.sleeper: EngineSleeper | None = None  # set while asleep
         load_loss_modules(self.cfg.server.loss_modules)  # the names requests may use, as in the controller
 
     def rendezvous(self) -> tuple[str, int]:
@@ -206,6 +222,7 @@ class TrainingWorker:
             "rank": self.rank,
             "pid": os.getpid(),
             "trainable": self.trainable,
+            "asleep": self.sleeper is not None,
             "host": socket.gethostname(),
             "node_id": ray.get_runtime_context().get_node_id(),
             "gpu_ids": [str(g) for g in ray.get_gpu_ids()],
@@ -231,6 +248,7 @@ class TrainingWorker:
         mb = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "responses": ids[:, 1:], "uid": [0]}
         return self._forward(mb, {})["log_probs"].sum() * 0.0
 
+    @_awake
     @torch.no_grad()
     def log_probs(
         self, micro_batches: list[MicroBatch], pp_config: dict, post_processor: str = "log_probs"
@@ -250,6 +268,7 @@ class TrainingWorker:
                 )
         return out
 
+    @_awake
     def forward_backward(
         self, micro_batches: list[MicroBatch], loss_fn: str, loss_config: dict, post_processor: str = "log_probs"
     ) -> list[dict]:
@@ -276,6 +295,7 @@ class TrainingWorker:
         self._pending_backward = True
         return per_mb
 
+    @_awake
     def optimizer_step(self) -> dict[str, float]:
         self.engine.set_gradient_accumulation_boundary(True)
         self.engine.backward(self._dummy_forward())
@@ -285,9 +305,34 @@ class TrainingWorker:
         norm = float(norm) if norm is not None else float("nan")
         return {"grad_norm": norm, "lr": float(self.scheduler.get_last_lr()[0])}
 
+    @_awake
     def zero_grad(self) -> None:
         self.engine.zero_grad()
         self._pending_backward = False
+
+    # -- sleep / wake (arctic_rl/engines/offload.py) -------------------------------------------------------
+    def sleep(self) -> dict[str, float]:
+        """Moves this rank's parameters, gradients and optimizer state to host memory and releases the
+        device cache: {"moved_bytes", "freed_bytes" (device memory given back; 0 on CPU), "seconds"}."""
+        if self.sleeper is not None:
+            return {"moved_bytes": 0, "freed_bytes": 0, "seconds": 0.0}
+        sleeper = EngineSleeper(self.engine, self.module, self.cfg.training_config.zero_stage)
+        out = sleeper.sleep()
+        self.sleeper = sleeper
+        return out
+
+    def wake(self) -> dict[str, float]:
+        """Brings the state back, bit-identical: {"moved_bytes", "seconds"}."""
+        if self.sleeper is None:
+            return {"moved_bytes": 0, "seconds": 0.0}
+        out = self.sleeper.wake()
+        self.sleeper = None
+        return out
+
+    @_awake
+    def state_digest(self) -> dict[str, str]:
+        """sha256 of every parameter (this rank's partition), gradient and optimizer-state tensor (checks)."""
+        return state_digest(self.module, getattr(self.engine, "optimizer", None))
 
     # -- weights ----------------------------------------------------------------------------------------
     def full_state_and_norms(self) -> tuple[dict[str, torch.Tensor] | None, dict[str, float] | None]:
@@ -340,11 +385,13 @@ class TrainingWorker:
         if unexpected:
             raise ValueError(f"reference update: unexpected parameter names {unexpected[:4]}")
 
+    @_awake
     def save_checkpoint(self, path: str) -> str:
         t0 = time.time()
         self.engine.save_checkpoint(path, tag="arctic-rl", client_state={"pending_backward": self._pending_backward})
         return f"rank {self.rank} saved in {time.time() - t0:.1f}s"
 
+    @_awake
     def load_checkpoint(self, path: str) -> None:
         load_path, _ = self.engine.load_checkpoint(
             path, tag="arctic-rl", load_optimizer_states=True, load_lr_scheduler_states=True
