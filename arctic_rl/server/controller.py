@@ -340,6 +340,12 @@ class Controller:
             out["level"] = level
         return out
 
+    def state_digests(self, engine: str) -> list[dict[str, str]]:
+        """Not an op (checks only: tests, scripts/gpu_check.sh): each worker's sha256 of every parameter
+        partition, gradient and optimizer-state tensor, to compare across sleep/wake bit for bit."""
+        with self._locked(engine):
+            return self._get([a.state_digest.remote() for a in self.groups[engine]], engine)
+
     def save_checkpoint(self, path: str) -> dict:
         path = str(checkpoint_path(path, self.cfg))  # under server.checkpoint_root only
         Path(path).mkdir(parents=True, exist_ok=True)
