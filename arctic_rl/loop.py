@@ -15,7 +15,7 @@ One step (verl's phase names, logged as timing_s/<phase>):
 Colocated engines (backend.colocate, sync loop, sleep_engines): the trainer and reference sleep during gen,
 the sampler sleeps (vLLM level 2: the sync reloads its weights) from the end of gen until just before
 update_weights (which needs both awake), so on CUDA each side gives the other its device memory
-(arctic_rl.server.controller's sleep/wake ops; EngineSleep below).
+(arctic_rl.server.controller's sleep/wake ops; arctic_rl.client.sleep.EngineSleep).
 Checkpoints (checkpoint.every): <dir>/step_K after every K steps and the last; resume is exact in sync mode:
 the data order and sampling seeds are functions of (seed, step), and the sampler gets the resumed weights.
 Eval (eval.split): before step 1, every eval.every steps and after the last step.
@@ -45,6 +45,7 @@ import torch
 from arctic_rl import advantages, tracking
 from arctic_rl.batch import from_samples, group_rows, select_rows
 from arctic_rl.client.client import ArcticRLClient, create_arctic_rl_client
+from arctic_rl.client.sleep import EngineSleep
 from arctic_rl.errors import ConfigError
 from arctic_rl.loop_data import prompt_ids, step_indices, step_seed
 from arctic_rl.loop_eval import LoopEvals
@@ -130,65 +131,6 @@ def compute_advantages(cfg: RunConfig, scores_B: torch.Tensor, uids: list) -> to
     if est == "rloo":
         return advantages.rloo(scores_B, uids)
     return advantages.grpo(scores_B, uids, norm_by_std=(est == "grpo"), eps=cfg.advantage.eps)
-
-
-class EngineSleep:
-    """Puts the engines a phase does not use to sleep, when they share devices and run in step (colocated,
-    sync loop): trainer and reference asleep during gen, sampler asleep from the end of gen to the weight
-    sync. The reference wakes only if the loss uses it. Remembers what it put to sleep, so each call is
-    made once.
-
-    The sampler sleeps at vLLM's level 2 (weights dropped, not copied to the host): the sync that ends its
-    sleep reloads every weight anyway. Order at the sync: wake the sampler (vLLM reallocates its weights
-    and KV cache), then sync_weights loads the trainer's weights into it; the controller refuses generate
-    between a level-2 sleep and the next sync. A run that stopped in between leaves the sampler without
-    weights: wake_all syncs it then (health's sampler_weights_dropped)."""
-
-    SAMPLER_LEVEL = 2  # a sync always follows the sampler's sleep before the next generate
-
-    def __init__(self, client: ArcticRLClient, cfg: RunConfig):
-        self.client, self.use_reference = client, cfg.use_reference
-        self.enabled = cfg.sleep_engines and client.config.colocate and not cfg.async_.enable
-        # what the backend says is asleep now (a given client may come from a run that stopped mid-step)
-        health = client.health()
-        self.asleep: set[str] = set(health.get("asleep", []))
-        self.needs_sync = bool(health.get("sampler_weights_dropped", False))
-
-    def _set(self, engine: str, asleep: bool) -> None:
-        if not self.enabled or (engine in self.asleep) == asleep:
-            return
-        if asleep and engine == "sampling":
-            self.client.sleep(engine, level=self.SAMPLER_LEVEL)
-            self.needs_sync = True
-        else:
-            (self.client.sleep if asleep else self.client.wake)(engine)
-        (self.asleep.add if asleep else self.asleep.discard)(engine)
-
-    def before_gen(self) -> None:
-        self._set("sampling", False)
-        self._set("training", True)
-        self._set("reference", True)
-
-    def after_gen(self) -> None:
-        self._set("sampling", True)
-        self._set("training", False)
-        if self.use_reference:
-            self._set("reference", False)
-
-    def before_sync(self) -> None:
-        self._set("reference", True)
-        self._set("sampling", False)  # awake before the sync: it loads the weights a level-2 sleep dropped
-        self.needs_sync = False
-
-    def wake_all(self) -> None:
-        """Every engine awake (also when this run sleeps none: they may be left asleep by an earlier run),
-        and a sampler whose weights a level-2 sleep dropped synced."""
-        for engine in sorted(self.asleep, key=("sampling", "training", "reference").index):
-            self.client.wake(engine)
-            self.asleep.discard(engine)
-        if self.needs_sync:
-            self.client.sync_weights()
-            self.needs_sync = False
 
 
 def actor_loss_config(cfg: RunConfig) -> dict:
@@ -290,7 +232,9 @@ def run(
             "the run's loss uses the reference model (KL term or reference.enable=true), but the given "
             "deployment has none (use_reference=False)"
         )
-    sleep = EngineSleep(client, cfg)
+    sleep = EngineSleep(
+        client, cfg.use_reference, enabled=cfg.sleep_engines and client.config.colocate and not cfg.async_.enable
+    )
     sleep.wake_all()  # a given client may come from a run that stopped mid-step with engines asleep
     ckpt_root = cfg.checkpoint_dir
     ckpt_root.mkdir(parents=True, exist_ok=True)
