@@ -2,7 +2,8 @@
 
 What goes where:
   ZeRO-1/2 trainer   DeepSpeed's `engine.offload_states` / `reload_states` (fp32 master partitions, bf16
-                     params, gradients, the optimizer's state), pinned host buffers on CUDA.
+                     params, gradients, the optimizer's state), pinned host buffers on CUDA; its gradient
+                     reduce buckets, which that leaves on the device, through `HostStash` (CUDA only).
   ZeRO-3 trainer     DeepSpeed's for the bf16 partitions, gradients and reduce buckets; its ZeRO-3 path moves
                      the fp32 master partitions and Adam state only for DeepSpeed's FusedAdam (it asserts),
                      and the trainer runs torch's AdamW, so those two go through `HostStash` below.
@@ -189,6 +190,10 @@ class EngineSleeper:
             if self.zero_stage == 3:
                 # torch AdamW under ZeRO-3: DeepSpeed moves only FusedAdam's fp32 master and state (see above)
                 self.stash = HostStash([*opt.fp32_partitioned_groups_flat, *optimizer_tensors(opt.optimizer)])
+            elif torch.cuda.is_available():
+                # ZeRO-1/2's reduce buckets (reduce_bucket_size elements each, 2 GB in fp32), which its offload
+                # leaves on the device. Not on CPU: there they would be copied for nothing.
+                self.stash = HostStash(b for bucket in opt.ipg_buckets.values() for b in bucket.buffer)
             self.engine.offload_states(include=ds_states, pin_memory=torch.cuda.is_available())
             moved += self.ds_bytes
         else:
