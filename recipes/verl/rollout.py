@@ -53,6 +53,8 @@ class ArcticReplica(RolloutReplica):
     def get_ray_class_with_init_args(self):  # noqa: D102 (no server actors to create)
         raise NotImplementedError("the arctic rollout backend runs inside the arctic-rl deployment")
 
+    # verl reaches a replica's sleep/wake only through its checkpoint manager's sleep_replicas /
+    # wake_up_replicas; ArcticCheckpointManager replaces those and sleeps the whole deployment there.
     async def wake_up(self):
         pass
 
@@ -68,26 +70,27 @@ class ArcticCheckpointManager:
         self.actor_wg = actor_wg
         self.replicas = replicas or []
         self.last_sync: dict = {}
-        self._sleep = None
+        self._engine_sleep = None
 
     @property
-    def sleep(self):
-        if self._sleep is None:
-            self._sleep = _sleeper(_client_of(self.actor_wg))
-        return self._sleep
+    def engines(self):
+        """The deployment's EngineSleep (its client attached on first use: the worker group starts it)."""
+        if self._engine_sleep is None:
+            self._engine_sleep = _sleeper(_client_of(self.actor_wg))
+        return self._engine_sleep
 
     def update_weights(self, global_steps: int = 0, *args, **kwargs):
-        self.sleep.before_sync()  # the sampler awake (it may have slept at level 2: the sync below reloads it)
-        needs_sync = global_steps > 0 or self.sleep.client.health()["sampler_weights_dropped"]
+        self.engines.before_sync()  # the sampler awake (it may have slept at level 2: the sync below reloads it)
+        needs_sync = global_steps > 0 or self.engines.client.health()["sampler_weights_dropped"]
         if not needs_sync:
             return  # before step 1 the samplers already hold the initial weights
         self.last_sync = self.actor_wg.arctic_sync_weights()[0]
 
     def sleep_replicas(self, *args, **kwargs):
-        self.sleep.after_gen()
+        self.engines.after_gen()
 
     def wake_up_replicas(self, *args, **kwargs):
-        self.sleep.before_sync()
+        self.engines.before_sync()
 
 
 class ArcticAgentLoopManager:
