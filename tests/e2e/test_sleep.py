@@ -86,5 +86,10 @@ def test_sleep_wake_is_bit_exact_and_training_continues_identically(
         assert _digests(c, "reference") == ref
         c.sync_weights()  # loads the weights the level-2 sleep dropped; generate works again
         assert len(c.generate([[5, 6, 7]], {"max_tokens": 2})) == 1
+        if zero_stage == 3:  # reference := policy reaches every partition of the 2-rank reference
+            c.update_reference()
+            mask = batch["response_mask"].bool()
+            diff = c.log_probs(batch, reference=True)["log_probs"] - c.log_probs(batch)["log_probs"]
+            assert diff[mask].abs().max() < 1e-5
     finally:
         c.shutdown()
