@@ -381,9 +381,29 @@ class TrainingWorker:
 
     def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
         """Frozen workers only: replace the weights (e.g. reference := current policy)."""
+        if self.engine is not None and self.cfg.training_config.zero_stage == 3:
+            self._load_partitioned(state)
+            return
         missing, unexpected = self.module.model.load_state_dict(state, strict=False)
         if unexpected:
             raise ValueError(f"reference update: unexpected parameter names {unexpected[:4]}")
+
+    def _load_partitioned(self, state: dict[str, torch.Tensor]) -> None:
+        """ZeRO-3: a partitioned parameter holds an empty tensor outside a gather (torch's load_state_dict
+        fails on it; it only worked while every parameter of a tiny model happened to stay gathered), so
+        each is gathered, written by rank 0 and partitioned again (all ranks, same order: collectives)."""
+        import deepspeed
+
+        params = dict(self.module.model.named_parameters())
+        unexpected = sorted(set(state) - set(params))
+        if unexpected:
+            raise ValueError(f"reference update: unexpected parameter names {unexpected[:4]}")
+        for name, p in params.items():
+            if name not in state:
+                continue
+            with deepspeed.zero.GatheredParameters([p], modifier_rank=0), torch.no_grad():
+                if self.rank == 0:
+                    p.data.copy_(state[name].to(p.dtype))
 
     @_awake
     def save_checkpoint(self, path: str) -> str:
