@@ -184,6 +184,11 @@ class ArcticRLClientConfig(Strict):
     training_gpus: int = Field(1, ge=1)
     sampling_gpus: int = Field(1, ge=1)
     reference_gpus: int = Field(0, ge=0, description="0 = the reference model shares the trainer's devices")
+    use_reference: bool = Field(
+        True,
+        description="deploy the reference model (a frozen copy of the initial policy, for KL terms); False: "
+        "none is deployed, and log_probs(reference=True) and update_reference are refused",
+    )
     colocate: bool = True
     training_config: TrainingConfig = TrainingConfig()
     vllm_config: VLLMConfig = VLLMConfig()
@@ -240,6 +245,10 @@ class ArcticRLClientConfig(Strict):
             raise ValueError(
                 "vllm_config.weight_sync='ipc' shares GPU memory in place: it needs colocate=True "
                 "(use 'nccl' for split placement)"
+            )
+        if self.reference_gpus and not self.use_reference:
+            raise ValueError(
+                f"reference_gpus={self.reference_gpus} but use_reference=False: no reference model is deployed"
             )
         tp = self.vllm_config.tensor_parallel_size
         if self.sampling_gpus % tp:

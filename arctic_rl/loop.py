@@ -13,8 +13,9 @@ One step (verl's phase names, logged as timing_s/<phase>):
   update_actor   ppo_epochs x mini-batches (whole prompt groups, in order): forward_backward + optimizer_step
   update_weights sync_weights: trainer -> sampler
 Colocated engines (backend.colocate, sync loop, sleep_engines): the trainer and reference sleep during gen,
-the sampler sleeps from the end of gen until just before update_weights (which needs both awake), so on
-CUDA vLLM gives its memory back while the trainer works (arctic_rl.server.controller's sleep/wake ops).
+the sampler sleeps (vLLM level 2: the sync reloads its weights) from the end of gen until just before
+update_weights (which needs both awake), so on CUDA each side gives the other its device memory
+(arctic_rl.server.controller's sleep/wake ops; arctic_rl.client.sleep.EngineSleep).
 Checkpoints (checkpoint.every): <dir>/step_K after every K steps and the last; resume is exact in sync mode:
 the data order and sampling seeds are functions of (seed, step), and the sampler gets the resumed weights.
 Eval (eval.split): before step 1, every eval.every steps and after the last step.
@@ -44,6 +45,7 @@ import torch
 from arctic_rl import advantages, tracking
 from arctic_rl.batch import from_samples, group_rows, select_rows
 from arctic_rl.client.client import ArcticRLClient, create_arctic_rl_client
+from arctic_rl.client.sleep import EngineSleep
 from arctic_rl.errors import ConfigError
 from arctic_rl.loop_data import fit_window, prompt_ids, step_indices, step_seed
 from arctic_rl.loop_eval import LoopEvals
@@ -129,46 +131,6 @@ def compute_advantages(cfg: RunConfig, scores_B: torch.Tensor, uids: list) -> to
     if est == "rloo":
         return advantages.rloo(scores_B, uids)
     return advantages.grpo(scores_B, uids, norm_by_std=(est == "grpo"), eps=cfg.advantage.eps)
-
-
-class EngineSleep:
-    """Puts the engines a phase does not use to sleep, when they share devices and run in step (colocated,
-    sync loop): trainer and reference asleep during gen, sampler asleep from the end of gen to the weight
-    sync. The reference wakes only if the loss uses it. Remembers what it put to sleep, so each call is
-    made once."""
-
-    def __init__(self, client: ArcticRLClient, cfg: RunConfig):
-        self.client, self.use_reference = client, cfg.use_reference
-        self.enabled = cfg.sleep_engines and client.config.colocate and not cfg.async_.enable
-        # what the backend says is asleep now (a given client may come from a run that stopped mid-step)
-        self.asleep: set[str] = set(client.health().get("asleep", []))
-
-    def _set(self, engine: str, asleep: bool) -> None:
-        if not self.enabled or (engine in self.asleep) == asleep:
-            return
-        (self.client.sleep if asleep else self.client.wake)(engine)
-        (self.asleep.add if asleep else self.asleep.discard)(engine)
-
-    def before_gen(self) -> None:
-        self._set("sampling", False)
-        self._set("training", True)
-        self._set("reference", True)
-
-    def after_gen(self) -> None:
-        self._set("sampling", True)
-        self._set("training", False)
-        if self.use_reference:
-            self._set("reference", False)
-
-    def before_sync(self) -> None:
-        self._set("reference", True)
-        self._set("sampling", False)
-
-    def wake_all(self) -> None:
-        """Every engine awake (also when this run sleeps none: they may be left asleep by an earlier run)."""
-        for engine in sorted(self.asleep, key=("sampling", "training", "reference").index):
-            self.client.wake(engine)
-            self.asleep.discard(engine)
 
 
 def actor_loss_config(cfg: RunConfig) -> dict:
@@ -278,7 +240,14 @@ def run(
         )
     own_client = client is None
     client = client or create_arctic_rl_client(client_config)
-    sleep = EngineSleep(client, cfg)
+    if cfg.use_reference and not client.config.use_reference:
+        raise ConfigError(
+            "the run's loss uses the reference model (KL term or reference.enable=true), but the given "
+            "deployment has none (use_reference=False)"
+        )
+    sleep = EngineSleep(
+        client, cfg.use_reference, enabled=cfg.sleep_engines and client.config.colocate and not cfg.async_.enable
+    )
     sleep.wake_all()  # a given client may come from a run that stopped mid-step with engines asleep
     ckpt_root = cfg.checkpoint_dir
     ckpt_root.mkdir(parents=True, exist_ok=True)

@@ -111,7 +111,13 @@ OPS: dict[str, Op] = {
         Op("optimizer_step", (), "dict[str, float]", 'applies the accumulated gradients; {"grad_norm", "lr", "step"}'),
         Op("sync_weights", (), "dict[str, float]", "trainer weights -> every sampler replica, checked exactly"),
         Op("update_reference", (), "dict[str, float]", "reference model := current policy"),
-        Op("sleep", (_ENGINE,), "dict", "frees an engine's device memory until wake"),
+        Op(
+            "sleep",
+            (_ENGINE, Arg("level", "int | None", None)),
+            "dict",
+            "moves an engine's device memory to the host until wake; level (sampling only): vLLM's 1 (weights "
+            "kept on the host) or 2 (weights dropped: sync_weights must follow before generate)",
+        ),
         Op("wake", (_ENGINE,), "dict", "brings a sleeping engine back"),
         Op("save_checkpoint", (_PATH,), "dict", "DeepSpeed checkpoint + arctic_rl.json under checkpoint_root"),
         Op("load_checkpoint", (_PATH,), "dict", "restores a checkpoint saved by save_checkpoint"),

@@ -17,7 +17,8 @@ phase, in GiB:
              (layers x tokens x hidden; none with offload_activations, which holds them on the host) plus one
              layer's saved tensors, without it every layer's; plus the LM
              head's chunk of fp32 logits. PyTorch's caching allocator keeps this reserved after the update.
-  reference  a frozen copy: ZeRO-3 over its workers, else the whole bf16 model on its one device.
+  reference  a frozen copy, deployed only when the loss has a KL term: ZeRO-3 over its workers (one per trainer
+             rank when it shares the trainer's devices), else the whole bf16 model on its one device.
   sampler    vLLM takes gpu_memory_utilization x the GPU's memory (weights / TP, then KV cache in the rest).
   context    about 0.5 GiB of CUDA context per process on the device.
 Phases when colocated (sync loop): gen (sampler awake, trainer and reference asleep), train (trainer awake,
@@ -43,10 +44,11 @@ CUDA_CONTEXT = 0.5 * GiB
 VLLM_OVERHEAD = 2 * GiB  # vLLM's profiled activations and non-torch memory inside its budget (enforce_eager)
 ZERO3_LIVE_PARAMS = 1e9  # DeepSpeed's stage3_max_live_parameters default
 ZERO_BUCKET = 5e8  # DeepSpeed's reduce_bucket_size / allgather_bucket_size defaults (elements)
-# What an engine still holds on the device while asleep, as a share of its awake memory. vLLM's sleep
-# level 1 offloads the weights and drops the KV cache; the trainer's and reference's sleep only mark them
-# asleep today (issue 17 makes them move their memory to the host).
-SLEEP_KEEPS = {"training": 1.0, "reference": 1.0, "sampling": 0.0}
+# What an engine still holds on the device while asleep, as a share of its awake memory (its CUDA context
+# aside, counted apart). The trainer's and reference's sleep move parameters, gradients and optimizer
+# state to host memory and empty the cache (arctic_rl/engines/offload.py); vLLM's sleep level 1 offloads
+# the weights and drops the KV cache, level 2 (the loop's, a sync follows) drops both.
+SLEEP_KEEPS = {"training": 0.0, "reference": 0.0, "sampling": 0.0}
 
 
 @dataclass(frozen=True)
@@ -312,6 +314,8 @@ def reference_bytes(m: ModelShape, client: ArcticRLClientConfig) -> dict[str, fl
     tc = client.training_config
     p = 2 if tc.dtype == "bfloat16" else 4
     workers = placement.num_reference_workers(client)
+    if not workers:  # no reference deployed: nothing of it is placed
+        return {}
     if tc.zero_stage == 3:  # one worker alone holds the whole model and gathers nothing
         out = {"params": p * m.params / workers, "zero buffers": p * min(ZERO3_LIVE_PARAMS, m.params) * (workers > 1)}
     else:
@@ -519,11 +523,12 @@ def _notes(
     notes = []
     if "gen" in phases:
         notes.append(
-            "colocated: the loop sleeps the sampler while training and the trainer/reference while "
-            "generating; vLLM's sleep frees its memory, the trainer's and reference's do not yet (issue 17)"
+            "colocated: the loop sleeps the sampler while training (vLLM level 2: weights and KV cache "
+            "dropped, the sync reloads them) and the trainer/reference while generating (their parameters, "
+            "gradients and optimizer state go to pinned host memory: count them in the node's host memory)"
         )
     if not run.use_reference:
-        notes.append("the loss uses no KL term, but the reference engine is deployed (and counted) all the same")
+        notes.append("the loss uses no KL term: no reference engine is deployed")
     fp32_load = 4 * m.params
     notes.append(
         f"host memory: each trainer/reference worker loads the whole model in fp32 ({_g(fp32_load)} GiB) "

@@ -278,6 +278,14 @@ class RunConfig(Strict):
                 "backend.training_config.micro_batch_size",
             )
         data.setdefault("seed", self.seed)
+        # No KL term (and no reference.enable): no reference model is deployed at all.
+        _imply(
+            data,
+            "use_reference",
+            self.use_reference,
+            "reference.enable / loss.config.use_kl_loss",
+            "backend.use_reference",
+        )
         try:
             return ArcticRLClientConfig(**data)
         except ConfigError as e:

@@ -3,6 +3,8 @@
   weight sync   seconds per sync_weights, and its bandwidth vs a plain in-memory copy of the same bytes
   generate      sampled tokens/s (vLLM), n samples per prompt
   train         forward_backward tokens/s, and the model FLOP rate it reaches vs a dense matmul's
+  sleep / wake  per engine (trainer with its optimizer state, reference, sampler at vLLM level 1): seconds,
+                bytes moved to host memory and device memory released (0 on CPU, where the device is the host)
 
     python benchmarks/backend.py [--prompts 8] [--n 4] [--max-tokens 64] [--out runs/bench/backend.json]
 A benchmark, not a test: numbers depend on the machine; run it alone. It writes its dated report to
@@ -39,6 +41,21 @@ def copy_bandwidth(num_bytes: int) -> float:
     t0 = time.perf_counter()
     dst.copy_(src)
     return num_bytes / (time.perf_counter() - t0)
+
+
+def sleep_wake(client) -> dict[str, dict[str, float]]:
+    """Each engine put to sleep and woken once, the trainer with its optimizer state (after a step)."""
+    out = {}
+    for engine in ("training", "reference", "sampling"):
+        slept = client.sleep(engine)
+        woke = client.wake(engine)
+        out[engine] = {
+            "sleep_s": slept["seconds"],
+            "wake_s": woke["seconds"],
+            "moved_bytes": slept["moved_bytes"],
+            "freed_bytes": slept["freed_bytes"],
+        }
+    return out
 
 
 def main() -> None:
@@ -94,6 +111,7 @@ def main() -> None:
             client.forward_backward(batch, "grpo", {})
             fb_s.append(time.perf_counter() - t0)
         client.optimizer_step()
+        sleep = sleep_wake(client)
         fb_tps = num_tokens / min(fb_s)
         num_params = 134_515_008  # SmolLM2-135M (embeddings tied)
         model_flops = 6 * num_params * fb_tps
@@ -117,6 +135,7 @@ def main() -> None:
         "train_model_TFLOPs": model_flops / 1e12,
         "matmul_TFLOPs": peak / 1e12,
         "train_flop_utilization": model_flops / peak,
+        "sleep_wake": sleep,
     }
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     Path(a.out).write_text(json.dumps(result, indent=1))
@@ -150,7 +169,26 @@ def main() -> None:
         limit=f"bf16 matmul peak {peak / 1e9:.1f} GFLOP/s",
         **{"fraction of limit": f"{result['train_flop_utilization']:.1%}"},
     )
+    for engine, r in sleep.items():
+        print(
+            f"sleep/wake {engine:<9} {r['sleep_s']:.3f} s / {r['wake_s']:.3f} s, {r['moved_bytes'] / 2**20:.1f} MiB "
+            f"moved, {r['freed_bytes'] / 2**20:.1f} MiB of device memory released"
+        )
+        report.add(
+            "sleep and wake per engine",
+            engine=engine,
+            **{
+                "sleep (s)": f"{r['sleep_s']:.3f}",
+                "wake (s)": f"{r['wake_s']:.3f}",
+                "moved to host (MiB)": f"{r['moved_bytes'] / 2**20:.1f}",
+                "device memory released (MiB)": f"{r['freed_bytes'] / 2**20:.1f}",
+            },
+        )
     report.note("weight sync includes its norm and log-prob checks; generate has no limit measured here.")
+    report.note(
+        "sleep/wake: on CPU the device is the host, so nothing is released (the moves still run); the sampler "
+        "has no sleep mode on CPU (vLLM's is CUDA only) and moves nothing there."
+    )
     report.write()
     print(f"summary: sync {sync_s:.2f}s, generate {gen_tps:.0f} tok/s, train {fb_tps:.0f} tok/s -> {a.out}")
 

@@ -86,10 +86,14 @@ class ArcticRLClient:
         return self._call("update_reference")
 
     # -- lifecycle ------------------------------------------------------------------------------------------
-    def sleep(self, engine: str) -> dict:
-        return self._call("sleep", engine=engine)
+    def sleep(self, engine: str, level: int | None = None) -> dict:
+        """Moves `engine`'s ("training", "reference" or "sampling") device memory to the host until `wake`.
+        `level` (sampling only, default 1): vLLM's sleep level; 2 also drops the sampler's weights, so a
+        `sync_weights` must follow before the next generate. Returns what moved and how long it took."""
+        return self._call("sleep", engine=engine, level=level)
 
     def wake(self, engine: str) -> dict:
+        """Brings a sleeping engine back (bit-identical state); returns what moved and how long it took."""
         return self._call("wake", engine=engine)
 
     def save_checkpoint(self, path: str) -> dict:

@@ -196,15 +196,32 @@ class SamplingWorker:
         if method == "finish_weight_update":
             self.llm.reset_prefix_cache()
 
-    def sleep(self) -> None:
+    def sleep(self, level: int = 1) -> dict[str, float]:
+        """vLLM's sleep mode on CUDA: level 1 offloads the weights to host memory and drops the KV cache,
+        level 2 drops both (a weight sync must follow). On CPU vLLM has no sleep mode: nothing moves, the
+        replica is only marked asleep. Returns the device memory given back (free memory before/after)."""
+        t0 = time.perf_counter()
+        if self.asleep:
+            return {"level": level, "freed_bytes": 0, "seconds": 0.0}
+        free0 = _device_free()
         if accelerator() == "cuda":
-            self.llm.sleep(level=1)  # offload weights, drop KV cache: frees the GPU for the trainer
-        self.asleep = True  # on CPU vLLM has no sleep mode: memory stays shared as is
+            self.llm.sleep(level=level)
+        self.asleep = True
+        return {"level": level, "freed_bytes": max(0, _device_free() - free0), "seconds": time.perf_counter() - t0}
 
-    def wake(self) -> None:
-        if accelerator() == "cuda":
+    def wake(self) -> dict[str, float]:
+        """Everything back (weights and KV cache). After a level-2 sleep the weights are allocated but
+        hold nothing meaningful until the next sync loads them (the controller refuses generate till then)."""
+        t0 = time.perf_counter()
+        if accelerator() == "cuda" and self.asleep:
             self.llm.wake_up()
         self.asleep = False
+        return {"seconds": time.perf_counter() - t0}
+
+
+def _device_free() -> int:
+    # vLLM allocates through its own CuMemAllocator pool, which torch.cuda.memory_allocated does not count.
+    return torch.cuda.mem_get_info()[0] if torch.cuda.is_available() else 0
 
 
 def _merge_checks(parts: list[dict]) -> dict:

@@ -13,6 +13,7 @@ was accumulated (checked equal to one backward over the summed loss for all thre
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import os
 import pickle
@@ -28,12 +29,26 @@ from arctic_rl.batch import Batch
 from arctic_rl.config import ArcticRLClientConfig, sampler_dtype
 from arctic_rl.engines.forward import response_log_probs
 from arctic_rl.engines.model import accelerator, load_hf_model
+from arctic_rl.engines.offload import EngineSleeper, state_digest
 from arctic_rl.engines.startup import reports_start_failure
 from arctic_rl.engines.weight_buckets import Entry, pack, plan_buckets, unpack
 from arctic_rl.errors import ArcticRLError, ConfigError, EngineDeadError, EngineError
 from arctic_rl.losses import load_loss_modules, resolve_loss_fn, resolve_post_processor
 
 MicroBatch = Batch | None
+
+
+def _awake(method):
+    """Refuses the op while the worker is asleep: its state is in host memory (the controller checks first;
+    this catches a caller that reaches the worker another way)."""
+
+    @functools.wraps(method)
+    def op(self, *args, **kwargs):
+        if self.sleeper is not None:
+            raise EngineError(f"{_engine_name(self.trainable, self.rank)} is asleep: wake it before {method.__name__}")
+        return method(self, *args, **kwargs)
+
+    return op
 
 
 def _free_port() -> int:
@@ -121,6 +136,7 @@ class TrainingWorker:
         self.rank, self.world_size, self.trainable = rank, world_size, trainable
         self.engine: Any = None  # the DeepSpeed engine, made in setup()
         self.module: Any = None
+        self.sleeper: EngineSleeper | None = None  # set while asleep
         load_loss_modules(self.cfg.server.loss_modules)  # the names requests may use, as in the controller
 
     def rendezvous(self) -> tuple[str, int]:
@@ -211,6 +227,7 @@ class TrainingWorker:
             "rank": self.rank,
             "pid": os.getpid(),
             "trainable": self.trainable,
+            "asleep": self.sleeper is not None,
             "host": socket.gethostname(),
             "node_id": ray.get_runtime_context().get_node_id(),
             "gpu_ids": [str(g) for g in ray.get_gpu_ids()],
@@ -236,6 +253,7 @@ class TrainingWorker:
         mb = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "responses": ids[:, 1:], "uid": [0]}
         return self._forward(mb, {})["log_probs"].sum() * 0.0
 
+    @_awake
     @torch.no_grad()
     def log_probs(
         self, micro_batches: list[MicroBatch], pp_config: dict, post_processor: str = "log_probs"
@@ -255,6 +273,7 @@ class TrainingWorker:
                 )
         return out
 
+    @_awake
     def forward_backward(
         self, micro_batches: list[MicroBatch], loss_fn: str, loss_config: dict, post_processor: str = "log_probs"
     ) -> list[dict]:
@@ -281,6 +300,7 @@ class TrainingWorker:
         self._pending_backward = True
         return per_mb
 
+    @_awake
     def optimizer_step(self) -> dict[str, float]:
         self.engine.set_gradient_accumulation_boundary(True)
         self.engine.backward(self._dummy_forward())
@@ -290,17 +310,44 @@ class TrainingWorker:
         norm = float(norm) if norm is not None else float("nan")
         return {"grad_norm": norm, "lr": float(self.scheduler.get_last_lr()[0])}
 
+    @_awake
     def zero_grad(self) -> None:
         self.engine.zero_grad()
         self._pending_backward = False
 
+    # -- sleep / wake (arctic_rl/engines/offload.py) -------------------------------------------------------
+    def sleep(self) -> dict[str, float]:
+        """Moves this rank's parameters, gradients and optimizer state to host memory and releases the
+        device cache: {"moved_bytes", "freed_bytes" (device memory given back; 0 on CPU), "seconds"}."""
+        if self.sleeper is not None:
+            return {"moved_bytes": 0, "freed_bytes": 0, "seconds": 0.0}
+        sleeper = EngineSleeper(self.engine, self.module, self.cfg.training_config.zero_stage)
+        out = sleeper.sleep()
+        self.sleeper = sleeper
+        return out
+
+    def wake(self) -> dict[str, float]:
+        """Brings the state back, bit-identical: {"moved_bytes", "seconds"}."""
+        if self.sleeper is None:
+            return {"moved_bytes": 0, "seconds": 0.0}
+        out = self.sleeper.wake()
+        self.sleeper = None
+        return out
+
+    @_awake
+    def state_digest(self) -> dict[str, str]:
+        """sha256 of every parameter (this rank's partition), gradient and optimizer-state tensor (checks)."""
+        return state_digest(self.module, getattr(self.engine, "optimizer", None))
+
     # -- weights ----------------------------------------------------------------------------------------
+    @_awake
     def full_state_and_norms(self) -> tuple[dict[str, torch.Tensor] | None, dict[str, float] | None]:
         sd = self.full_state_dict()
         if sd is None:
             return None, None
         return sd, {k: float(v.double().pow(2).sum()) for k, v in sd.items()}
 
+    @_awake
     def full_state_dict(self, dtype: str | None = None) -> dict[str, torch.Tensor] | None:
         """Full (gathered) parameters on rank 0, in `dtype` (default: the training dtype); None elsewhere.
         All ranks must call it (ZeRO-3 gathers collectively)."""
@@ -336,6 +383,7 @@ class TrainingWorker:
             with deepspeed.zero.GatheredParameters(group) if zero3 else contextlib.nullcontext():
                 yield [(n, p.detach()) for n, p in zip(names, group)]
 
+    @_awake
     def stream_weights(self, samplers: list, load: bool = True, check: bool = True) -> dict | None:
         """Every rank calls it; rank 0 sends each bucket, in the sampler's dtype, to every sampler's
         `load_bucket` (load it, and/or compare the parameters it covers). Returns, on rank 0, each replica's
@@ -347,6 +395,7 @@ class TrainingWorker:
 
         return self._stream(dtype, send, "sampling")
 
+    @_awake
     def stream_to_reference(self, reference: list) -> dict | None:
         """Every rank calls it; rank 0 sends each bucket, in the training dtype, to the reference workers'
         `load_weight_bucket` (reference := current policy). A ZeRO-3 reference gathers each bucket on all its
@@ -403,6 +452,7 @@ class TrainingWorker:
             raise error
         return {"replicas": _sum_replies(replies), "buckets": buckets, "gather_s": gather_s, "wait_s": wait_s}
 
+    @_awake
     @torch.no_grad()
     def load_weight_bucket(self, buffer, dtype: str, entries: list[Entry]) -> None:
         """Frozen workers only: replace the bucket's parameters (reference := current policy). Under ZeRO-3
@@ -443,11 +493,13 @@ class TrainingWorker:
     def transfer_send(self) -> None:
         self._wt.send_weights()
 
+    @_awake
     def save_checkpoint(self, path: str) -> str:
         t0 = time.time()
         self.engine.save_checkpoint(path, tag="arctic-rl", client_state={"pending_backward": self._pending_backward})
         return f"rank {self.rank} saved in {time.time() - t0:.1f}s"
 
+    @_awake
     def load_checkpoint(self, path: str) -> None:
         load_path, _ = self.engine.load_checkpoint(
             path, tag="arctic-rl", load_optimizer_states=True, load_lr_scheduler_states=True

@@ -69,12 +69,16 @@ class Controller:
         # Each DeepSpeed group meets at its rank 0's node (ranks may be on different nodes).
         setups = []
         for engine, group in (("training", self.trainers), ("reference", self.reference)):
+            if not group:  # no reference deployed (use_reference=False)
+                continue
             addr, port = self._get(group[0].rendezvous.remote(), engine, timeout=None)
             setups += [(engine, w.setup.remote(addr, port)) for w in group]
         for engine, ref in setups:
             self._get(ref, engine, timeout=None)
         self.groups = {"training": self.trainers, "reference": self.reference, "sampling": self.samplers}
         self.asleep = {e: False for e in ENGINES}
+        # True from a sampler sleep at level 2 (vLLM dropped its weights) until the next sync_weights.
+        self.sampler_weights_dropped = False
         # Wait for every engine; an engine that fails to start fails the deployment with its message.
         for engine, actors in self.groups.items():
             self._get([a.ping.remote() for a in actors], engine, timeout=None)
@@ -124,6 +128,14 @@ class Controller:
                 raise EngineError(f"the {e} engine is asleep: call wake({e!r}) first")
         return _MultiLock([self.locks[e] for e in engines])
 
+    def _sampler_locked(self) -> _MultiLock:
+        """For ops that sample with the sampler's weights (not sync_weights, which reloads them)."""
+        if self.sampler_weights_dropped:
+            raise EngineError(
+                "the sampler's weights were dropped by sleep('sampling', level=2): call sync_weights first"
+            )
+        return self._locked("sampling")
+
     def _deal(
         self, batch: Batch, num_ranks: int, micro_rows: int
     ) -> tuple[list[list[Batch | None]], list[list[list[int]]]]:
@@ -157,7 +169,7 @@ class Controller:
 
     def generate(self, prompts: list, sampling_params: dict) -> list[dict]:
         params = dict(sampling_params or {})
-        with self._locked("sampling"):
+        with self._sampler_locked():
             # Router: contiguous slices, so all n samples of a prompt (and neighbouring prompts that
             # often share a prefix) stay on one replica and its prefix cache.
             k = len(self.samplers)
@@ -248,6 +260,7 @@ class Controller:
             else:
                 sent, check = self._stream(load=True)
                 self._get([s.reset_prefix_cache.remote() for s in self.samplers], "sampling")
+            self.sampler_weights_dropped = False  # loaded again (sleep level 2 dropped them)
         probe = self._probe_log_prob_diff()
         return {"sync_s": time.time() - t0, **sent, **check, "probe_max_abs_logprob_diff": probe}
 
@@ -284,6 +297,7 @@ class Controller:
             secs = self._get([s.update_weights.remote(state_ref) for s in self.samplers], "sampling")
             results = self._get([s.check_weights.remote(state_ref) for s in self.samplers], "sampling")
             check = weight_check.verify_replicas(results, sampler_dtype(self.cfg))
+            self.sampler_weights_dropped = False  # loaded again (sleep level 2 dropped them)
         probe = self._probe_log_prob_diff()
         return {
             "sync_s": time.time() - t0,
@@ -305,7 +319,7 @@ class Controller:
 
     def sampler_log_probs(self, sequences: list[list[int]], prompt_lens: list[int]) -> list[list[float]]:
         """The sampler's log-probs of given tokens (checks, and vLLM-side log-prob engines)."""
-        with self._locked("sampling"):
+        with self._sampler_locked():
             return self._get(self.samplers[0].score.remote(sequences, prompt_lens), "sampling")
 
     def update_reference(self) -> dict[str, float]:
@@ -316,18 +330,45 @@ class Controller:
             self._get([t.stream_to_reference.remote(self.reference) for t in self.trainers], "training")
         return {"update_reference_s": time.time() - t0}
 
-    def sleep(self, engine: str) -> dict:
-        return self._sleep_wake(engine, True)
+    def sleep(self, engine: str, level: int | None = None) -> dict:
+        return self._sleep_wake(engine, True, level)
 
     def wake(self, engine: str) -> dict:
         return self._sleep_wake(engine, False)
 
-    def _sleep_wake(self, engine: str, sleep: bool) -> dict:
+    def _sleep_wake(self, engine: str, sleep: bool, level: int | None = None) -> dict:
+        """Every worker of `engine` moves its state off the device (sleep) or back (wake). Returns the bytes
+        moved to or from host memory, the device memory given back (0 on CPU, where the device is the host)
+        and the seconds. An engine without workers (no reference deployed) only records the flag."""
+        t0 = time.time()
+        actors = self.groups[engine]
         with self.locks[engine]:
             if engine == "sampling":
-                self._get([s.sleep.remote() if sleep else s.wake.remote() for s in self.samplers], engine)
+                level = level or 1
+                refs = [s.sleep.remote(level) if sleep else s.wake.remote() for s in actors]
+            else:
+                refs = [a.sleep.remote() if sleep else a.wake.remote() for a in actors]
+            outs = self._get(refs, engine) if refs else []
             self.asleep[engine] = sleep
-        return {"engine": engine, "asleep": sleep}
+            if engine == "sampling" and sleep and level == 2:
+                self.sampler_weights_dropped = True
+        out = {
+            "engine": engine,
+            "asleep": sleep,
+            "seconds": time.time() - t0,
+            "moved_bytes": sum(o.get("moved_bytes", 0) for o in outs),
+        }
+        if sleep:
+            out["freed_bytes"] = sum(o.get("freed_bytes", 0) for o in outs)
+        if engine == "sampling" and sleep:
+            out["level"] = level
+        return out
+
+    def state_digests(self, engine: str) -> list[dict[str, str]]:
+        """Not an op (checks only: tests, scripts/gpu_check.sh): each worker's sha256 of every parameter
+        partition, gradient and optimizer-state tensor, to compare across sleep/wake bit for bit."""
+        with self._locked(engine):
+            return self._get([a.state_digest.remote() for a in self.groups[engine]], engine)
 
     def save_checkpoint(self, path: str) -> dict:
         path = str(checkpoint_path(path, self.cfg))  # under server.checkpoint_root only
@@ -375,6 +416,7 @@ class Controller:
             "dead": dead,
             "engines": engines,
             "asleep": [e for e in ENGINES if self.asleep[e]],
+            "sampler_weights_dropped": self.sampler_weights_dropped,
         }
 
     def reconnect_config(self) -> str:

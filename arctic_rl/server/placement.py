@@ -7,7 +7,7 @@ the plan and the deployment cannot disagree about which engines share a device.
 GPU clusters: placement groups of one-GPU bundles (BUNDLE: one GPU and one CPU each), so which engines share
 a device is decided here, not by Ray's packing of fractional GPUs. Colocated: one pool of
 max(training, sampling) GPUs; trainer rank i and sampler GPU i share bundle i, and a reference without GPUs
-of its own shares bundle 0. Split: a pool per engine. Every actor takes GPU_SHARE of its bundle's GPU (up to
+of its own shares the trainer's bundles (rank r in bundle r: all of them under ZeRO-3, else bundle 0). Split: a pool per engine. Every actor takes GPU_SHARE of its bundle's GPU (up to
 three per device); a sampler with tensor parallelism sits in its first bundle without a share, and vLLM's
 Ray executor puts its TP workers on the replica's bundles (VLLM_RAY_BUNDLE_INDICES).
 
@@ -61,8 +61,14 @@ class GpuLayout:
 
 
 def num_reference_workers(cfg: ArcticRLClientConfig) -> int:
-    """Dedicated reference workers, or one sharing the trainer's devices."""
-    return cfg.reference_gpus or 1
+    """Dedicated reference workers; else, sharing the trainer's devices, one per trainer rank under ZeRO-3
+    (partitioned like the trainer, rank r beside trainer rank r) and one whole copy otherwise; none when
+    the run has no use for a reference (use_reference=False: no KL term)."""
+    if not cfg.use_reference:
+        return 0
+    if cfg.reference_gpus:
+        return cfg.reference_gpus
+    return cfg.training_gpus if cfg.training_config.zero_stage == 3 else 1
 
 
 def cpu_bundle_count(cfg: ArcticRLClientConfig) -> int:

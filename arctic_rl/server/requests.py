@@ -25,6 +25,12 @@ from arctic_rl.strict import Strict, parse
 ENGINES = ("training", "reference", "sampling")
 
 
+_NO_REFERENCE = (
+    "{op}: this deployment has no reference model (use_reference=False; a run deploys one only when its loss "
+    "has a KL term, or reference.enable=true)"
+)
+
+
 def _is_int(x) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
 
@@ -243,6 +249,8 @@ def check_request(op: str, args: dict, cfg: ArcticRLClientConfig, vocab: int | N
         if op == "log_probs":
             for flag in ("reference", "compute_entropy"):
                 _check_type(op, flag, args.get(flag, False), bool, "true or false")
+            if args.get("reference") and not cfg.use_reference:
+                raise ConfigError(_NO_REFERENCE.format(op="log_probs(reference=True)"))
             t = args.get("temperature", 1.0)
             if not _is_number(t) or t <= 0:
                 raise ConfigError(f"log_probs: argument 'temperature' must be a finite number > 0, got {t!r}")
@@ -255,5 +263,13 @@ def check_request(op: str, args: dict, cfg: ArcticRLClientConfig, vocab: int | N
         engine = args.get("engine")
         if engine not in ENGINES:
             raise UnknownNameError(f"unknown engine {engine!r:.60}; known: {list(ENGINES)}")
+        level = args.get("level")
+        if op == "sleep" and level is not None:
+            if not _is_int(level) or level not in (1, 2):
+                raise ConfigError(f"sleep: argument 'level' must be 1 or 2 (vLLM's sleep levels), got {level!r:.60}")
+            if engine != "sampling":
+                raise ConfigError(f"sleep: argument 'level' applies to the sampling engine only, not {engine!r}")
+    elif op == "update_reference" and not cfg.use_reference:
+        raise ConfigError(_NO_REFERENCE.format(op="update_reference"))
     elif op in ("save_checkpoint", "load_checkpoint"):
         checkpoint_path(args.get("path"), cfg)

@@ -120,6 +120,8 @@ def client_config_from_skyrl(cfg) -> ArcticRLClientConfig:  # noqa: F821
         "training_gpus": int(p.policy_num_gpus_per_node * p.policy_num_nodes),
         "sampling_gpus": int(g.num_inference_engines * g.inference_engine_tensor_parallel_size),
         "colocate": bool(p.colocate_all),
+        # a reference model only for a KL term (in the loss or in the reward)
+        "use_reference": bool(t.algorithm.use_kl_loss or t.algorithm.use_kl_in_reward),
         "seed": int(t.seed),
         "training_config": {
             "dtype": "bfloat16" if t.bf16 else "float32",
@@ -158,8 +160,14 @@ class ArcticPPOTrainer(RayPPOTrainer):
 
     def attach(self, client) -> None:
         self.client = client
-        # arctic-rl sleeps and wakes its own engines; SkyRL's colocate_all offload dance has nothing to move.
+        # SkyRL's colocate_all path offloads its own policy model and inference engines, which this trainer
+        # has none of; arctic-rl's engines sleep at the same phase boundaries instead (generate, the forward
+        # passes after it, the weight sync), through EngineSleep.
         self.colocate_all = False
+        from arctic_rl.client.sleep import EngineSleep
+
+        self.engine_sleep = EngineSleep(client, client.config.use_reference, enabled=client.config.colocate)
+        self.engine_sleep.wake_all()
         self.loss_config = loss_config_from_skyrl(self.cfg)
         self.use_ref = bool(self.cfg.trainer.algorithm.use_kl_loss or self.cfg.trainer.algorithm.use_kl_in_reward)
 
@@ -171,7 +179,12 @@ class ArcticPPOTrainer(RayPPOTrainer):
     def init_weight_sync_state(self):
         pass  # the deployment wired trainer -> sampler sync when it started
 
+    async def generate(self, input_batch):
+        self.engine_sleep.before_gen()  # trainer and reference asleep while the sampler generates
+        return await super().generate(input_batch)
+
     def sync_policy_weights_to_inference_engines(self):
+        self.engine_sleep.before_sync()  # the sampler awake first: a level-2 sleep dropped its weights
         self.client.sync_weights()
         return []  # SkyRL ray.get()s the returned refs
 
@@ -187,6 +200,7 @@ class ArcticPPOTrainer(RayPPOTrainer):
 
     # -- forward passes ---------------------------------------------------------------------------------------
     def fwd_logprobs_values_reward(self, training_input):
+        self.engine_sleep.after_gen()  # generation is over: sampler asleep, trainer (and reference) awake
         batch = to_arctic(training_input)
         # SkyRL drops metadata["uids"] after computing advantages; kept here for the update (ZoRRo groups by uid).
         self._uids = batch.get("uid")

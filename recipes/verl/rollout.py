@@ -7,7 +7,13 @@
   one call, and scores them with verl's own reward loop workers (verl's reward manager and
   `compute_score`, or `reward.custom_reward_function`). Returns verl's rollout layout with `rm_scores`.
 - `ArcticCheckpointManager` (`+actor_rollout_ref.rollout.checkpoint_manager_class=...`): `update_weights` is
-  arctic-rl's `sync_weights` (trainer -> samplers, checked); sleep/wake are no-ops.
+  arctic-rl's `sync_weights` (trainer -> samplers, checked).
+
+Sleep and wake, when the deployment is colocated (arctic_rl.client.sleep.EngineSleep, as the reference loop):
+verl's fit calls generate_sequences, then `sleep_replicas` right after it, and `update_weights` before the
+next generation (also once after start-up: sleep_replicas, then update_weights(0)). So generate_sequences
+puts the trainer and reference to sleep, sleep_replicas puts the sampler to sleep (level 2) and wakes the
+trainer (and the reference, when the deployment has one), and update_weights wakes the sampler and syncs.
 """
 
 from __future__ import annotations
@@ -20,6 +26,23 @@ from verl.workers.rollout.replica import RolloutReplica
 
 from recipes.verl.layout import samples_to_dataproto
 
+_SLEEPERS: dict[str, object] = {}  # job id -> its EngineSleep: the checkpoint and agent loop managers share one
+
+
+def _sleeper(client):
+    from arctic_rl.client.sleep import EngineSleep
+
+    job = client.config.job_id
+    if job not in _SLEEPERS:
+        _SLEEPERS[job] = EngineSleep(client, client.config.use_reference, enabled=client.config.colocate)
+    return _SLEEPERS[job]
+
+
+def _client_of(actor_wg):
+    from arctic_rl import ArcticRLClientConfig, create_arctic_rl_client
+
+    return create_arctic_rl_client(ArcticRLClientConfig.from_json(actor_wg.arctic_config()[0]))
+
 
 class ArcticReplica(RolloutReplica):
     async def launch_servers(self):
@@ -30,6 +53,8 @@ class ArcticReplica(RolloutReplica):
     def get_ray_class_with_init_args(self):  # noqa: D102 (no server actors to create)
         raise NotImplementedError("the arctic rollout backend runs inside the arctic-rl deployment")
 
+    # verl reaches a replica's sleep/wake only through its checkpoint manager's sleep_replicas /
+    # wake_up_replicas; ArcticCheckpointManager replaces those and sleeps the whole deployment there.
     async def wake_up(self):
         pass
 
@@ -45,17 +70,27 @@ class ArcticCheckpointManager:
         self.actor_wg = actor_wg
         self.replicas = replicas or []
         self.last_sync: dict = {}
+        self._engine_sleep = None
+
+    @property
+    def engines(self):
+        """The deployment's EngineSleep (its client attached on first use: the worker group starts it)."""
+        if self._engine_sleep is None:
+            self._engine_sleep = _sleeper(_client_of(self.actor_wg))
+        return self._engine_sleep
 
     def update_weights(self, global_steps: int = 0, *args, **kwargs):
-        if global_steps == 0:
+        self.engines.before_sync()  # the sampler awake (it may have slept at level 2: the sync below reloads it)
+        needs_sync = global_steps > 0 or self.engines.client.health()["sampler_weights_dropped"]
+        if not needs_sync:
             return  # before step 1 the samplers already hold the initial weights
         self.last_sync = self.actor_wg.arctic_sync_weights()[0]
 
     def sleep_replicas(self, *args, **kwargs):
-        pass
+        self.engines.after_gen()
 
     def wake_up_replicas(self, *args, **kwargs):
-        pass
+        self.engines.before_sync()
 
 
 class ArcticAgentLoopManager:
@@ -75,6 +110,7 @@ class ArcticAgentLoopManager:
 
         cfg = ArcticRLClientConfig.from_json(actor_wg.arctic_config()[0])
         self._client = create_arctic_rl_client(cfg)
+        self._sleep = _sleeper(self._client)
 
     @property
     def tokenizer(self):
@@ -113,6 +149,7 @@ class ArcticAgentLoopManager:
         step = int(gen_batch.meta_info.get("global_steps", 0))
         params["seed"] = int(self.config.data.get("seed", 1) or 1) * 100003 + step
         t0 = time.perf_counter()
+        self._sleep.before_gen()
         samples = self._client.generate(prompts, params)
         gen_s = time.perf_counter() - t0
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0

@@ -133,6 +133,7 @@ class ArcticActorRolloutRefWorker(Worker):
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def load_checkpoint(self, local_path, hdfs_path=None, del_local_after_load=False):
         out = self.client.load_checkpoint(local_path)
+        self.client.wake("sampling")  # verl puts the sampler to sleep before it loads a checkpoint
         self.client.sync_weights()
         return out
 

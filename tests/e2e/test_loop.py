@@ -55,7 +55,7 @@ class EngineStates:
     def __getattr__(self, name):
         attr = getattr(self._client, name)
         if name in ("sleep", "wake"):
-            return lambda engine: (self.trace.append((name, engine)), attr(engine))[1]
+            return lambda engine, **kw: (self.trace.append((name, engine)), attr(engine, **kw))[1]
         if name not in self.OPS:
             return attr
 

@@ -20,7 +20,7 @@ LONGQA = ROOT / "recipes/longqa/configs/longqa_qwen3_32b.yaml"
 
 
 def test_layout_is_the_controllers():
-    """Colocated TP 2: trainer i and TP worker i share bundle i; the reference sits on bundle 0."""
+    """Colocated TP 2: trainer i and TP worker i share bundle i; the reference sits on bundle 0 (ZeRO-1/2)."""
     cfg = ArcticRLClientConfig(
         model_name="unused", training_gpus=4, sampling_gpus=4, vllm_config={"tensor_parallel_size": 2}
     )
@@ -29,6 +29,10 @@ def test_layout_is_the_controllers():
     assert [s.bundle for s in lay.trainers] == [0, 1, 2, 3] and [s.bundle for s in lay.references] == [0]
     assert [s.devices for s in lay.samplers] == [(0, 1), (2, 3)] and lay.samplers[0].gpu_share == 0
     assert dict(lay.samplers[1].env)["VLLM_RAY_BUNDLE_INDICES"] == "2,3"
+    # ZeRO-3: the reference is partitioned like the trainer, rank r beside trainer rank r; none without KL
+    z3 = cfg.model_copy(update={"training_config": cfg.training_config.model_copy(update={"zero_stage": 3})})
+    assert [s.bundle for s in placement.gpu_layout(z3).references] == [0, 1, 2, 3]
+    assert placement.gpu_layout(cfg.model_copy(update={"use_reference": False})).references == ()
     split = placement.gpu_layout(cfg.model_copy(update={"colocate": False, "reference_gpus": 2}))
     assert split.pools == {"training": 4, "sampling": 4, "reference": 2} and split.references[1].pool == "reference"
 
@@ -44,7 +48,11 @@ def test_4x8_configs_place_and_count(path):
     for g in plan.gpus:
         kinds = sorted(e.engine for e in g.engines)
         assert kinds.count("training") == 1 and kinds.count("sampling") == 1, g
-    assert [e.engine for e in plan.gpus[0].engines].count("reference") == 1
+    # no KL term in these runs: no reference deployed; with one, ZeRO-3 partitions it like the trainer
+    assert not any(e.engine == "reference" for g in plan.gpus for e in g.engines)
+    kl = make_plan(load_run_config(path, ["loss.config.use_kl_loss=true"]), nodes=4, gpus_per_node=8, name=path.name)
+    refs = [e for g in kl.gpus for e in g.engines if e.engine == "reference"]
+    assert len(refs) == 32 and refs[0].awake_bytes["params"] == pytest.approx(2 * kl.model.params / 32)
     # every TP group on one node
     assert not any("spans nodes" in p for p in plan.problems)
     text = plan.render()
@@ -52,16 +60,17 @@ def test_4x8_configs_place_and_count(path):
 
 
 def test_4x8_verdicts_name_their_reasons():
-    """At 80 GiB the published 32B setups do not fit today, and the refusal says why: the reference's whole
-    bf16 copy on GPU 0 and the trainer's memory, which its sleep does not free yet (issue 17). When that
-    lands, SLEEP_KEEPS and the reference layout change and so does this verdict."""
+    """At 80 GiB the published 32B setups do not fit today, and the refusal says why: in the sync phase the
+    trainer (its activations still reserved after the update) and the sampler are both awake. Asleep, the
+    trainer and reference hold nothing of their state on the device (SLEEP_KEEPS), and no reference is
+    deployed without a KL term, so neither is the reason any more."""
     for path in (BIRD, LONGQA):
         plan = make_plan(load_run_config(path), nodes=4, gpus_per_node=8, name=path.name)
         assert not plan.fits
         with pytest.raises(
             ConfigError,
             match=r"cannot run on 4 node\(s\) x 8 GPU\(s\): 32 GPU\(s\) need more than "
-            r"80.0 GiB; the worst, node 0 gpu 0.*reference 0 params 61.0",
+            r"80.0 GiB; the worst, node 0 gpu 0, needs .* GiB in phase 'sync', mostly trainer 0 activations",
         ):
             plan.check()
         assert "verdict: does NOT fit" in plan.render()

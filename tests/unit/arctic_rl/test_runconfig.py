@@ -101,6 +101,11 @@ def test_missing_sections_and_files():
     assert not parse_run_config(
         minimal(reference={"enable": False}, loss={"config": {"use_kl_loss": True}})
     ).use_reference
+    # the backend deploys a reference model only for a run that uses it
+    assert not parse_run_config(minimal())._client_config(resolve_yarn=False).use_reference
+    assert cfg._client_config(resolve_yarn=False).use_reference
+    with pytest.raises(ConfigError, match="backend.use_reference=True disagrees with reference.enable"):
+        parse_run_config(minimal(backend={"use_reference": True}))
 
 
 def test_data_order_and_seeds_are_functions_of_seed_and_step():

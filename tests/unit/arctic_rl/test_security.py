@@ -132,6 +132,9 @@ BAD_REQUESTS = [  # (op, arguments, the argument the answer must name)
     ("sampler_log_probs", {"sequences": [[1, 2, 3], "ab"], "prompt_lens": [1, 1]}, "sequences[1]"),
     ("sampler_log_probs", {"sequences": [[1, 2]], "prompt_lens": [1, 1]}, "prompt_lens"),
     ("sleep", {"engine": ["training"]}, "engine"),
+    ("sleep", {"engine": "sampling", "level": 3}, "level"),
+    ("sleep", {"engine": "sampling", "level": True}, "level"),
+    ("sleep", {"engine": "training", "level": 2}, "level"),
     ("save_checkpoint", {"path": 17}, "path"),
 ]
 
@@ -143,6 +146,19 @@ def test_a_malformed_request_is_a_4xx_naming_the_argument(tmp_path, op, args, na
     r = _post(_app(tmp_path), op, **args)
     assert 400 <= r.status_code < 500, (r.status_code, r.text[:300])
     assert names in r.json()["message"], r.json()
+
+
+def test_a_deployment_without_a_reference_refuses_reference_ops():
+    from arctic_rl.server.requests import check_request
+
+    cfg = ArcticRLClientConfig(model_name=MODEL, use_reference=False, vllm_config={"max_seq_len": 512})
+    with pytest.raises(ConfigError, match=r"log_probs\(reference=True\): this deployment has no reference model"):
+        check_request("log_probs", {"batch": _batch(), "reference": True}, cfg)
+    with pytest.raises(ConfigError, match="update_reference: this deployment has no reference model"):
+        check_request("update_reference", {}, cfg)
+    check_request("log_probs", {"batch": _batch(), "reference": False}, cfg)
+    with pytest.raises(ConfigError, match="reference_gpus=1 but use_reference=False"):
+        ArcticRLClientConfig(model_name=MODEL, use_reference=False, reference_gpus=1)
 
 
 def test_limits_come_from_the_server_config(tmp_path):
