@@ -16,13 +16,15 @@ phase, in GiB:
              ZoRRo micro-batch holds each prompt once): with gradient checkpointing each layer's input
              (layers x tokens x hidden; none with offload_activations, which holds them on the host) plus one
              layer's saved tensors, without it every layer's; plus the LM
-             head's chunk of fp32 logits. PyTorch's caching allocator keeps this reserved after the update.
+             head's chunk of fp32 logits. PyTorch's caching allocator keeps this reserved after the update
+             (colocated on CUDA the trainer empties that cache after each optimizer step).
   reference  a frozen copy, deployed only when the loss has a KL term: ZeRO-3 over its workers (one per trainer
              rank when it shares the trainer's devices), else the whole bf16 model on its one device.
   sampler    vLLM takes gpu_memory_utilization x the GPU's memory (weights / TP, then KV cache in the rest).
   context    about 0.5 GiB of CUDA context per process on the device.
 Phases when colocated (sync loop): gen (sampler awake, trainer and reference asleep), train (trainer awake,
-sampler asleep) and sync (both awake); what an asleep engine still holds is SLEEP_KEEPS. Split placement or
+sampler asleep) and sync (both awake, less RELEASED_IN_PHASE: the trainer's activations and the sampler's
+KV cache); what an asleep engine still holds is SLEEP_KEEPS. Split placement or
 async rollouts: every engine is awake all the time.
 """
 
@@ -367,7 +369,7 @@ def make_plan(
     _fill(gpus, layout, trainer_bytes(m, client, tokens), reference_bytes(m, client), s_bytes, problems)
     phases = _phases(client, run)
     for g in gpus.values():
-        g.phases = {ph: sum(_engine_bytes(e, awake) for e in g.engines) for ph, awake in phases.items()}
+        g.phases = {ph: sum(_engine_bytes(e, awake, phase=ph) for e in g.engines) for ph, awake in phases.items()}
     problems += _memory_problems(list(gpus.values()), phases, gpu_memory)
     if kv_tokens < _max_seq_len(client):
         problems.append(
@@ -451,7 +453,7 @@ def _memory_problems(gpus: list[Gpu], phases: dict, gpu_memory: float) -> list[s
     worst = max(over, key=lambda g: g.peak)
     phase = max(worst.phases, key=lambda p: worst.phases[p])
     top = sorted(
-        ((f"{e.label} {k}", _engine_bytes(e, phases[phase], k)) for e in worst.engines for k in e.awake_bytes),
+        ((f"{e.label} {k}", _engine_bytes(e, phases[phase], k, phase)) for e in worst.engines for k in e.awake_bytes),
         key=lambda kv: -kv[1],
     )[:4]
     return [
@@ -511,10 +513,19 @@ def _phases(client: ArcticRLClientConfig, run: RunConfig) -> dict[str, dict[str,
     }
 
 
-def _engine_bytes(e: Engine, awake: dict[str, bool], part: str | None = None) -> float:
+# What an awake engine does not hold in a phase of the colocated loop. At the sync: the trainer emptied its
+# allocator's cache after the update (the activations), and the sampler, woken from its level-2 sleep, gets
+# its KV cache back only after the sync has loaded its weights.
+RELEASED_IN_PHASE = {"sync": {("training", "activations"), ("sampling", "kv cache")}}
+
+
+def _engine_bytes(e: Engine, awake: dict[str, bool], part: str | None = None, phase: str = "") -> float:
     share = 1.0 if awake[e.engine] else SLEEP_KEEPS[e.engine]
+    released = RELEASED_IN_PHASE.get(phase, set())
     parts = [part] if part else list(e.awake_bytes)
-    return sum(e.awake_bytes[k] * (1.0 if k == "context" else share) for k in parts)
+    return sum(
+        e.awake_bytes[k] * (1.0 if k == "context" else 0.0 if (e.engine, k) in released else share) for k in parts
+    )
 
 
 def _notes(
@@ -536,9 +547,11 @@ def _notes(
         f"({_g(fp32_load * loaders)} GiB at start-up)"
     )
     if client.vllm_config.weight_sync == "reload":
+        bucket = client.vllm_config.sync_bucket_mb
         notes.append(
-            f"weight sync 'reload': trainer rank 0 gathers the whole model on the host "
-            f"({_g(2 * m.params)} GiB in bf16) and ships it to every sampler replica through Ray's object store"
+            f"weight sync 'reload': trainer rank 0 streams the model ({_g(2 * m.params)} GiB in bf16) to every "
+            f"sampler replica through Ray's object store in buckets of {bucket} MiB, at most two in flight "
+            f"(host memory per process: about {2 * bucket} MiB beyond its own)"
         )
     tc = client.training_config
     if tc.offload_activations:

@@ -76,6 +76,8 @@ class SamplingWorker:
         self.llm = LLM(**kwargs)
         self.start_s = time.time() - t0
         self.asleep = False
+        self.weights_dropped = False  # a level-2 sleep: the next wake brings back the weights' memory only
+        self.kv_cache_asleep = False  # ... and wake_kv_cache the KV cache, after the sync
 
     def ping(self) -> dict:
         import ray
@@ -206,17 +208,25 @@ class SamplingWorker:
         free0 = _device_free()
         if accelerator() == "cuda":
             self.llm.sleep(level=level)
-        self.asleep = True
+        self.asleep, self.weights_dropped = True, level == 2
         return {"level": level, "freed_bytes": max(0, _device_free() - free0), "seconds": time.perf_counter() - t0}
 
     def wake(self) -> dict[str, float]:
-        """Everything back (weights and KV cache). After a level-2 sleep the weights are allocated but
-        hold nothing meaningful until the next sync loads them (the controller refuses generate till then)."""
+        """Back from sleep. After a level-2 sleep only the weights' memory comes back here, to be loaded by
+        the sync that follows (the controller refuses generate till then); the KV cache comes back after that
+        sync (wake_kv_cache), so that the sync runs beside the trainer without the KV cache on the device."""
         t0 = time.perf_counter()
         if accelerator() == "cuda" and self.asleep:
-            self.llm.wake_up()
-        self.asleep = False
+            self.llm.wake_up(tags=["weights"] if self.weights_dropped else None)
+            self.kv_cache_asleep = self.weights_dropped
+        self.asleep = self.weights_dropped = False
         return {"seconds": time.perf_counter() - t0}
+
+    def wake_kv_cache(self) -> None:
+        """The KV cache back after a level-2 sleep's weight sync (a no-op otherwise)."""
+        if self.kv_cache_asleep:
+            self.llm.wake_up(tags=["kv_cache"])
+            self.kv_cache_asleep = False
 
 
 def _device_free() -> int:

@@ -306,6 +306,10 @@ class TrainingWorker:
         self.engine.backward(self._dummy_forward())
         self.engine.step()
         self._pending_backward = False
+        if self.cfg.colocate and accelerator() == "cuda":
+            # The activations' blocks stay reserved in torch's caching allocator after the backward; the
+            # sampler that shares this GPU wakes for the weight sync next and needs them.
+            torch.cuda.empty_cache()
         norm = self.engine.get_global_grad_norm()
         norm = float(norm) if norm is not None else float("nan")
         return {"grad_norm": norm, "lr": float(self.scheduler.get_last_lr()[0])}

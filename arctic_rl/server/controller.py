@@ -261,6 +261,7 @@ class Controller:
                 sent, check = self._stream(load=True)
                 self._get([s.reset_prefix_cache.remote() for s in self.samplers], "sampling")
             self.sampler_weights_dropped = False  # loaded again (sleep level 2 dropped them)
+            self._get([s.wake_kv_cache.remote() for s in self.samplers], "sampling")
         probe = self._probe_log_prob_diff()
         return {"sync_s": time.time() - t0, **sent, **check, "probe_max_abs_logprob_diff": probe}
 
@@ -298,6 +299,7 @@ class Controller:
             results = self._get([s.check_weights.remote(state_ref) for s in self.samplers], "sampling")
             check = weight_check.verify_replicas(results, sampler_dtype(self.cfg))
             self.sampler_weights_dropped = False  # loaded again (sleep level 2 dropped them)
+            self._get([s.wake_kv_cache.remote() for s in self.samplers], "sampling")
         probe = self._probe_log_prob_diff()
         return {
             "sync_s": time.time() - t0,
