@@ -40,3 +40,4 @@ bench: setup
 	$(PY) benchmarks/backend.py
 	$(PY) benchmarks/zorro_train.py
 	$(PY) benchmarks/cascade_attention.py
+	$(PY) benchmarks/vs_verl.py
