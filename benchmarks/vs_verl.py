@@ -27,7 +27,9 @@ its mini-batch iterator, timers and metrics) do not run; FSDP2 shards over one r
 (flash-attn is CUDA-only), so verl runs with model.use_remove_padding=False (padded batch) - its
 remove-padding path needs flash-attn's varlen kernel to keep packed sequences apart. verl 0.9.1's engine
 no longer calls its PrefixGrouper forward (the legacy dp_actor that did is gone), so verl+pg calls it on
-the engine's module. Gradient checkpointing is off on every side (verl's default turns it on, which would
+the engine's module; PrefixGrouper hands the attention function flash-attn's 2-D key masks (causal aligned
+bottom-right), which transformers' SDPA function cannot take, so `flash_mask_sdpa` turns them into SDPA's
+4-D boolean masks (verl's own patch then wraps that function). Gradient checkpointing is off on every side (verl's default turns it on, which would
 add a forward to verl's time).
 
 Times are the minimum over interleaved updates (wall clock and process CPU time). The FLOP limit is
@@ -69,11 +71,12 @@ VENV = Path(sys.executable).parent.parent
 VERL_DIRS = ("verl-trainer", "verl-ref")
 
 VARIANTS = ("verl", "verl+pg", "arctic", "arctic+zorro")
+LEFT_OUT = next(p for p in __doc__.split("\n\n") if p.startswith("What of verl does not run here"))
 WORKLOADS = {
     # W1 (benchmarks/zorro_train.py): its small model, prompt 1024, response 128, G 16
     "w1": dict(model="small", prompt=1024, response=128, group=16),
     # the demo model's shape (SmolLM2-135M-Instruct: arctic_rl/demo_model.py), random weights
-    "demo": dict(model="smollm2-135m", prompt=512, response=64, group=8),
+    "demo": dict(model="smollm2-135m", prompt=256, response=32, group=8),
     # for tests/unit/test_vs_verl.py: seconds, not minutes
     "tiny": dict(model="tiny", prompt=48, response=8, group=4),
 }
@@ -540,13 +543,23 @@ def memory_worker(args, variant: str) -> None:
     print(json.dumps({"peak_bytes": peak}))
 
 
-def peak_memory(args, folder: Path, spec: dict, variant: str) -> int:
-    cmd = [sys.executable, __file__, "--memory-worker", variant, "--folder", str(folder), "--device", args.device]
-    cmd += ["--batch-spec", json.dumps(spec)]
-    res = subprocess.run(cmd, capture_output=True, text=True)
-    if res.returncode:
-        raise RuntimeError(f"memory worker for {variant} failed:\n{res.stderr[-3000:]}")
-    return json.loads(res.stdout.strip().splitlines()[-1])["peak_bytes"]
+def peak_memory(args, folder: Path, spec: dict, names) -> dict[str, int]:
+    """One fresh process per variant, all at once (a process's own high-water mark does not depend on the
+    others'; on CUDA they would share the allocator's device, so they run one by one)."""
+    procs = {}
+    for v in names:
+        cmd = [sys.executable, __file__, "--memory-worker", v, "--folder", str(folder), "--device", args.device]
+        cmd += ["--batch-spec", json.dumps(spec)] + (["--threads", str(args.threads)] if args.threads else [])
+        procs[v] = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        if args.device == "cuda":
+            procs[v].wait()
+    out = {}
+    for v, p in procs.items():
+        stdout, stderr = p.communicate()
+        if p.returncode:
+            raise RuntimeError(f"memory worker for {v} failed:\n{stderr[-3000:]}")
+        out[v] = json.loads(stdout.strip().splitlines()[-1])["peak_bytes"]
+    return out
 
 
 # ---------------------------------------------------------------------------------------------
@@ -590,7 +603,7 @@ def run_workload(args, name: str, report: Report | None) -> bool:
             cpu[v.name].append(time.process_time() - c0)
     best = {v: min(t) for v, t in wall.items()}
     best_cpu = {v: min(t) for v, t in cpu.items()}
-    mem = {} if args.no_memory else {v: peak_memory(args, folder, spec, v) for v in vs}
+    mem = {} if args.no_memory else peak_memory(args, folder, spec, list(vs))
     fl = flops(model, P, R, G)
     print(
         f"FLOP limit {fl['limit']:.2f}x (padded batch / ZoRRo matmul FLOPs; {fl['limit_head_all']:.2f}x with "
@@ -672,6 +685,7 @@ def main() -> None:
         report.note(__doc__.split("\n\n", 1)[1].split("\n    python")[0])
     where = torch.cuda.get_device_name() if cuda else f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores"
     print(f"verl vs arctic-rl, one GRPO update ({where}, {torch.get_num_threads()} threads, torch {torch.__version__})")
+    print(LEFT_OUT)
     ok = all([run_workload(args, name, report) for name in args.workloads.split(",")])
     if not ok:
         print("equal-gradients check FAILED: the variants do not compute the same update; nothing timed")
