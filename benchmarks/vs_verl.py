@@ -35,7 +35,8 @@ add a forward to verl's time).
 Times are the minimum over interleaved updates (wall clock and process CPU time). The FLOP limit is
 benchmarks/zorro_train.py's: padded-batch matmul FLOPs over ZoRRo's. Peak memory is the resident
 high-water mark above the level before the update (VmHWM, reset just before), in a fresh process per
-variant; on CUDA the allocator's high-water mark.
+variant; on CUDA the allocator's high-water mark. Each variant's update times also go to MLflow
+(experiment "vs_verl", tags framework/backend/recipe/model/n/...), for `arctic-rl compare`.
 
     python benchmarks/vs_verl.py                  # W1 (prompt 1024, response 128, G 16) and the demo model
     python benchmarks/vs_verl.py --quick          # small sizes, for development
@@ -103,6 +104,13 @@ MODELS.setdefault(
         vocab_size=49152,
     ),
 )
+# (framework, backend) tags of each variant's MLflow run: `arctic-rl compare` sets arctic-rl rows against verl's
+RUN_TAGS = {
+    "verl": ("verl", "native"),
+    "verl+pg": ("verl+prefix_grouper", "native"),
+    "arctic": ("arctic-rl without ZoRRo", "arctic-rl"),  # a framework of its own: compare labels by framework
+    "arctic+zorro": ("arctic-rl", "arctic-rl"),
+}
 LR = 1e-6  # verl's actor default
 GRAD_CLIP = 1.0
 WEIGHT_DECAY = 0.01
@@ -565,6 +573,32 @@ def peak_memory(args, folder: Path, spec: dict, names) -> dict[str, int]:
 # ---------------------------------------------------------------------------------------------
 
 
+def log_mlflow(workload: str, model: str, P: int, R: int, G: int, device: str, times: dict[str, list[float]]) -> None:
+    """One MLflow run per variant (experiment "vs_verl"), with the standard tags, so that `arctic-rl compare`
+    shows them beside the rest: timing_s/update_actor (= timing_s/step) per update, step 0 the warm-up
+    (which compare leaves out)."""
+    from arctic_rl import tracking as t
+
+    for v, seconds in times.items():
+        framework, backend = RUN_TAGS[v]
+        tags = {
+            t.TAG_FRAMEWORK: framework,
+            t.TAG_BACKEND: backend,
+            t.TAG_RECIPE: f"vs_verl-{workload}",
+            t.TAG_MODEL: model,
+            t.TAG_NODES: 1,
+            t.TAG_GPUS: int(device == "cuda"),
+            t.TAG_PROMPTS_PER_STEP: 1,
+            t.TAG_N: G,
+            t.TAG_MAX_PROMPT_LENGTH: P,
+            t.TAG_MAX_RESPONSE_LENGTH: R,
+            "variant": v,
+        }
+        with t.Tracker.start("vs_verl", run_name=f"{workload}/{v}", tags=tags) as tracker:
+            for step, s in enumerate(seconds):
+                tracker.log_metrics({t.TIMING_UPDATE_ACTOR: s, t.TIMING_STEP: s}, step)
+
+
 def run_workload(args, name: str, report: Report | None) -> bool:
     w = {**WORKLOADS[name], **(QUICK if args.quick else {})}
     P, R, G, model = w["prompt"], w["response"], w["group"], w["model"]
@@ -591,8 +625,13 @@ def run_workload(args, name: str, report: Report | None) -> bool:
     sync = torch.cuda.synchronize if args.device == "cuda" else (lambda: None)
     wall = {v: [] for v in vs}
     cpu = {v: [] for v in vs}
-    for v in vs.values():  # warm-up
+    warm = {}
+    for v in vs.values():
+        sync()
+        t0 = time.perf_counter()
         v.update(step=True)
+        sync()
+        warm[v.name] = time.perf_counter() - t0
     for _ in range(args.reps):
         for v in vs.values():  # interleaved: load from other processes hits all alike
             sync()
@@ -603,6 +642,8 @@ def run_workload(args, name: str, report: Report | None) -> bool:
             cpu[v.name].append(time.process_time() - c0)
     best = {v: min(t) for v, t in wall.items()}
     best_cpu = {v: min(t) for v, t in cpu.items()}
+    if not args.no_mlflow:
+        log_mlflow(name, model, P, R, G, args.device, {v: [warm[v], *wall[v]] for v in vs})
     mem = {} if args.no_memory else peak_memory(args, folder, spec, list(vs))
     fl = flops(model, P, R, G)
     print(
@@ -625,9 +666,11 @@ def run_workload(args, name: str, report: Report | None) -> bool:
             )
     if {"verl+pg", "arctic+zorro"} <= set(best):
         z = best["arctic+zorro"]
+        zc = best_cpu["arctic+zorro"]
         summary = (
             f"arctic-rl+ZoRRo: {best['verl'] / z:.2f}x verl (target >= 5x), {best['verl+pg'] / z:.2f}x "
-            f"verl+PrefixGrouper (target >= 3x); FLOP limit {fl['limit']:.2f}x"
+            f"verl+PrefixGrouper (target >= 3x) in wall time; {best_cpu['verl'] / zc:.2f}x and "
+            f"{best_cpu['verl+pg'] / zc:.2f}x in process CPU time; FLOP limit {fl['limit']:.2f}x"
         )
         print(summary)
         if report is not None:
@@ -651,6 +694,9 @@ def main() -> None:
     ap.add_argument("--grad-tol", type=float, default=1e-4, help="max relative gradient / loss difference")
     ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     ap.add_argument("--no-memory", action="store_true")
+    ap.add_argument(
+        "--no-mlflow", action="store_true", help="log no MLflow runs (default: MLFLOW_TRACKING_URI or runs/mlflow.db)"
+    )
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     ap.add_argument("--out", type=Path, default=Path("outputs/bench_vs_verl"), help="model folders")
     ap.add_argument("--memory-worker", metavar="VARIANT", choices=VARIANTS, help=argparse.SUPPRESS)
