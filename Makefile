@@ -41,3 +41,4 @@ bench: setup
 	$(PY) benchmarks/zorro_train.py
 	$(PY) benchmarks/cascade_attention.py
 	$(PY) benchmarks/weight_sync.py
+	$(PY) benchmarks/vs_verl.py

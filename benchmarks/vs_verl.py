@@ -1,0 +1,744 @@
+"""verl 0.9.1's own actor update vs arctic-rl's training engine: one GRPO update on the same batch.
+
+Same batch (one long prompt, G responses; ids from a fixed seed), same weights (one saved model folder
+that every side loads), same loss (verl's GRPO defaults: vanilla PPO clip 0.2, dual clip 3.0,
+token-mean, no entropy or KL term), fp32, one micro-batch holding the whole group:
+  verl          verl's FSDPEngineWithLMHead (FSDP2 over a one-rank process group, its AdamW and
+                gradient clipping) built by its own initialize() from the model folder; one update is
+                its train_batch (forward_backward_batch with verl.workers.utils.losses.ppo_loss, then
+                optimizer_step) on the TensorDict verl's trainer makes (left_right_2_no_padding)
+  verl+pg       the same engine and module; the forward is verl's PrefixGrouper integration
+                (verl.trainer.ppo.prefix_grouper_utils.forward_micro_batch_with_prefix_grouper, with
+                verl's apply_prefix_grouper_patch on transformers' attention functions), the loss
+                verl's vanilla policy loss (core_algos), then the engine's optimizer_step
+  arctic        arctic_rl.engines.training.TrainingWorker (DeepSpeed, ZeRO-0), forward_backward + optimizer_step
+  arctic+zorro  the same with training_config.zorro_train.enable
+
+Before timing, the four gradients (before any optimizer step) and losses are compared with verl's: the
+largest per-parameter relative difference ||g - g_verl|| / ||g_verl|| must be <= --grad-tol (fp32), or
+the script exits 1 without timing. `--break-zorro` shifts the position ids of ZoRRo's responses by one
+(an off-by-one a packing bug would make); the check must then fail (tests/unit/test_vs_verl.py).
+
+What of verl does not run here, on a CPU: verl 0.9.1 registers its FSDP engine for CUDA and NPU only and
+has no CPU platform, so this script registers one through verl's platform plugin API
+(verl.plugin.platform.set_platform: device "cpu", backend gloo) and builds the engine class directly
+instead of through EngineRegistry; Ray and the worker group around the engine (ActorRolloutRefWorker,
+its mini-batch iterator, timers and metrics) do not run; FSDP2 shards over one rank; attention is SDPA
+(flash-attn is CUDA-only), so verl runs with model.use_remove_padding=False (padded batch) - its
+remove-padding path needs flash-attn's varlen kernel to keep packed sequences apart. verl 0.9.1's engine
+no longer calls its PrefixGrouper forward (the legacy dp_actor that did is gone), so verl+pg calls it on
+the engine's module; PrefixGrouper hands the attention function flash-attn's 2-D key masks (causal aligned
+bottom-right), which transformers' SDPA function cannot take, so `flash_mask_sdpa` turns them into SDPA's
+4-D boolean masks (verl's own patch then wraps that function). Gradient checkpointing is off on every side (verl's default turns it on, which would
+add a forward to verl's time).
+
+Times are the minimum over interleaved updates (wall clock and process CPU time). The FLOP limit is
+benchmarks/zorro_train.py's: padded-batch matmul FLOPs over ZoRRo's. Peak memory is the resident
+high-water mark above the level before the update (VmHWM, reset just before), in a fresh process per
+variant; on CUDA the allocator's high-water mark. Each variant's update times also go to MLflow
+(experiment "vs_verl", tags framework/backend/recipe/model/n/...), for `arctic-rl compare`.
+
+    python benchmarks/vs_verl.py                  # W1 (prompt 1024, response 128, G 16) and the demo model
+    python benchmarks/vs_verl.py --quick          # small sizes, for development
+    python benchmarks/vs_verl.py --check-only --quick [--break-zorro]
+    python benchmarks/vs_verl.py --device cuda    # the same on a GPU (fp32)
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import gc
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import torch
+from report import Report, add_report_args
+from zorro_train import MODELS, _status_bytes, flops
+
+# verl (and prefix_grouper beside it) and its trainer deps live --no-deps beside the venv (scripts/setup_env.sh)
+VENV = Path(sys.executable).parent.parent
+VERL_DIRS = ("verl-trainer", "verl-ref")
+
+VARIANTS = ("verl", "verl+pg", "arctic", "arctic+zorro")
+LEFT_OUT = next(p for p in __doc__.split("\n\n") if p.startswith("What of verl does not run here"))
+WORKLOADS = {
+    # W1 (benchmarks/zorro_train.py): its small model, prompt 1024, response 128, G 16
+    "w1": dict(model="small", prompt=1024, response=128, group=16),
+    # the demo model's shape (SmolLM2-135M-Instruct: arctic_rl/demo_model.py), random weights
+    "demo": dict(model="smollm2-135m", prompt=256, response=32, group=8),
+    # for tests/unit/test_vs_verl.py: seconds, not minutes
+    "tiny": dict(model="tiny", prompt=48, response=8, group=4),
+}
+QUICK = dict(prompt=128, response=16, group=4)
+MODELS.setdefault(
+    "tiny",
+    dict(
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=128,
+        vocab_size=512,
+    ),
+)
+MODELS.setdefault(
+    "smollm2-135m",
+    dict(
+        hidden_size=576,
+        num_hidden_layers=30,
+        num_attention_heads=9,
+        num_key_value_heads=3,
+        intermediate_size=1536,
+        vocab_size=49152,
+    ),
+)
+# (framework, backend) tags of each variant's MLflow run: `arctic-rl compare` sets arctic-rl rows against verl's
+RUN_TAGS = {
+    "verl": ("verl", "native"),
+    "verl+pg": ("verl+prefix_grouper", "native"),
+    "arctic": ("arctic-rl without ZoRRo", "arctic-rl"),  # a framework of its own: compare labels by framework
+    "arctic+zorro": ("arctic-rl", "arctic-rl"),
+}
+LR = 1e-6  # verl's actor default
+GRAD_CLIP = 1.0
+WEIGHT_DECAY = 0.01
+
+
+# ---------------------------------------------------------------------------------------------
+# the shared inputs: a model folder every side loads, and the batch
+
+
+def model_folder(name: str, out: Path, max_len: int) -> Path:
+    """Random weights of MODELS[name]'s shape (seed 0), saved once; every variant loads this folder."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    folder = out / f"{name}-{max_len}"
+    if (folder / "config.json").exists():
+        return folder
+    torch.manual_seed(0)
+    cfg = LlamaConfig(**MODELS[name], max_position_embeddings=max_len, tie_word_embeddings=False)
+    model = LlamaForCausalLM(cfg)
+    tmp = folder.with_name(folder.name + ".tmp")
+    model.save_pretrained(tmp)
+    tmp.rename(folder)  # whole or not at all
+    return folder
+
+
+def make_batch(vocab: int, P: int, R: int, G: int, seed: int = 0) -> dict[str, Any]:
+    """arctic-rl's padded batch: one prompt of P tokens shared by G responses of R tokens (no pad token 0)."""
+    g = torch.Generator().manual_seed(seed)
+    prompt = torch.randint(1, vocab, (P,), generator=g)
+    resp = torch.randint(1, vocab, (G, R), generator=g)
+    ids = torch.cat([prompt.expand(G, P), resp], 1)
+    old = -torch.rand(G, R, generator=g) - 0.5
+    return {
+        "input_ids": ids,
+        "attention_mask": torch.ones_like(ids),
+        "responses": resp,
+        "response_mask": torch.ones_like(resp),
+        "uid": ["p0"] * G,
+        "advantages": torch.randn(G, generator=g),
+        "old_log_probs": old,
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# verl
+
+
+def _cpu_platform():
+    """verl's platform plugin API with device "cpu" (verl 0.9.1 ships CUDA, ROCm and NPU platforms only)."""
+    from verl.plugin.platform import PlatformBase
+
+    class PlatformCPU(PlatformBase):
+        device_name = "cpu"
+        vendor_name = "cpu"
+        device_module = torch.cpu
+
+        def is_available(self) -> bool:
+            return True
+
+        def current_device(self):  # verl moves batches with .to(current_device())
+            return "cpu"
+
+        def device_count(self) -> int:
+            return 1
+
+        def set_device(self, device_index) -> None:
+            pass
+
+        def synchronize(self, device_index=None) -> None:
+            pass
+
+        def manual_seed(self, seed: int) -> None:
+            torch.manual_seed(seed)
+
+        manual_seed_all = manual_seed
+
+        def set_allocator_settings(self, settings: str) -> None:
+            pass
+
+        def empty_cache(self) -> None:
+            pass
+
+        def get_device_capability(self, device_index: int = 0):
+            return None, None
+
+        def communication_backend_name(self) -> str:
+            return "gloo"
+
+        def visible_devices_envvar(self) -> str:
+            return "CUDA_VISIBLE_DEVICES"
+
+        @contextlib.contextmanager
+        def nvtx_range(self, msg: str):
+            yield
+
+        def profiler_start(self) -> None:
+            pass
+
+        def profiler_stop(self) -> None:
+            pass
+
+        def ray_resource_name(self) -> str:
+            return "CPU"
+
+        def ray_noset_envvars(self) -> list[str]:
+            return []
+
+        def is_ipc_supported(self) -> bool:
+            return False
+
+        def cudart(self):
+            return None
+
+    return PlatformCPU()
+
+
+def init_process_group(device: str) -> None:
+    """One rank for verl's FSDP2 and arctic-rl's DeepSpeed (DeepSpeed's init_distributed reuses it)."""
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        return
+    for d in VERL_DIRS:
+        if not (VENV / d).is_dir():
+            raise SystemExit(f"{VENV / d} is missing: run scripts/setup_env.sh (it installs verl there)")
+        if str(VENV / d) not in sys.path:
+            sys.path.insert(0, str(VENV / d))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
+    if device == "cpu":
+        from verl.plugin.platform import set_platform
+
+        set_platform(_cpu_platform())  # before verl's engine module reads the device name at import
+    else:
+        torch.cuda.set_device(0)
+    dist.init_process_group("nccl" if device == "cuda" else "gloo")
+
+
+def actor_config():
+    from verl.workers.config import ActorConfig
+
+    # every loss field at verl's default (vanilla policy loss, clip 0.2/0.2, dual clip 3, token-mean,
+    # entropy_coeff 0, no KL loss)
+    return ActorConfig(strategy="fsdp2", rollout_n=1, ppo_micro_batch_size_per_gpu=1)
+
+
+def verl_engine(folder: Path):
+    from verl.trainer.config import CheckpointConfig
+    from verl.workers.config import FSDPEngineConfig, FSDPOptimizerConfig, HFModelConfig
+    from verl.workers.engine.fsdp.transformer_impl import FSDPEngineWithLMHead
+
+    fp32 = {"param_dtype": "fp32", "reduce_dtype": "fp32", "buffer_dtype": "fp32"}
+    engine = FSDPEngineWithLMHead(
+        HFModelConfig(
+            path=str(folder),
+            load_tokenizer=False,
+            use_remove_padding=False,
+            enable_gradient_checkpointing=False,
+            override_config={"attn_implementation": "sdpa"},
+        ),
+        FSDPEngineConfig(strategy="fsdp2", mixed_precision=fp32, model_dtype="fp32", use_torch_compile=False),
+        FSDPOptimizerConfig(lr=LR, weight_decay=WEIGHT_DECAY, clip_grad=GRAD_CLIP, total_training_steps=1),
+        CheckpointConfig(),
+    )
+    engine.initialize()
+    engine.mode = "train"
+    engine.module.train()
+    return engine
+
+
+def verl_data(batch: dict, device: str):
+    """The TensorDict verl's trainer hands update_actor (ray_trainer._update_actor, one mini-batch)."""
+    from tensordict import TensorDict
+    from verl.utils import tensordict_utils as tu
+    from verl.workers.utils.padding import left_right_2_no_padding
+
+    B, R = batch["responses"].shape
+    mask = batch["attention_mask"]
+    td = TensorDict(
+        {
+            "input_ids": batch["input_ids"],
+            "attention_mask": mask,
+            "position_ids": (mask.cumsum(-1) - 1).clamp(min=0),
+            "prompts": batch["input_ids"][:, :-R],
+            "responses": batch["responses"],
+            "response_mask": batch["response_mask"],
+            "old_log_probs": batch["old_log_probs"],
+            "advantages": batch["advantages"].unsqueeze(-1).expand(B, R).contiguous(),
+        },
+        batch_size=[B],
+    ).to(device)
+    td = left_right_2_no_padding(td)
+    tu.assign_non_tensor(
+        td,
+        temperature=1.0,
+        calculate_entropy=False,
+        global_batch_size=B,
+        use_remove_padding=False,
+        use_dynamic_bsz=False,
+        micro_batch_size_per_gpu=B,
+        max_token_len_per_gpu=None,
+        use_fused_kernels=False,
+    )
+    return td
+
+
+def verl_update(engine, batch: dict, device: str, step: bool) -> float:
+    """verl's train_batch (zero_grad, forward_backward_batch, optimizer_step) and its lr-scheduler step;
+    step=False stops after the backward (gradients kept)."""
+    from verl.workers.utils.losses import ppo_loss
+
+    loss_fn = partial(ppo_loss, config=actor_config())
+    data = verl_data(batch, device)
+    if step:
+        out = engine.train_batch(data, loss_function=loss_fn)
+        engine.lr_scheduler_step()
+    else:
+        engine.optimizer_zero_grad()
+        out = engine.forward_backward_batch(data, loss_fn)
+    return float(sum(out["loss"]) if isinstance(out["loss"], list) else out["loss"])
+
+
+def flash_mask_sdpa(sdpa):
+    """transformers' SDPA attention that also takes flash-attn's convention, which PrefixGrouper's calls follow:
+    a 2-D key-padding mask [b, kv] and causality aligned bottom-right (query i of nq valid ones sees the
+    valid keys up to rank nk - nq + i). flash-attn is CUDA-only; 4-D masks and None pass through unchanged."""
+
+    def attention(module, query, key, value, attention_mask, *args, **kwargs):
+        if attention_mask is None or attention_mask.ndim != 2:
+            return sdpa(module, query, key, value, attention_mask, *args, **kwargs)
+        nq = query.shape[2]
+        kmask = attention_mask.bool()  # [b, kv]
+        qmask = kmask[:, -nq:]  # flash-attn's _upad_input takes the queries' mask from the mask's tail
+        krank, qrank = kmask.cumsum(-1) - 1, qmask.cumsum(-1) - 1
+        shift = (kmask.sum(-1) - qmask.sum(-1)).view(-1, 1, 1)
+        allowed = kmask[:, None, :] & (krank[:, None, :] <= shift + qrank[:, :, None])
+        allowed |= ~qmask[:, :, None] & kmask[:, None, :]  # padding queries: any valid key (no NaN rows)
+        return sdpa(module, query, key, value, allowed[:, None], *args, **kwargs)
+
+    return attention
+
+
+def verl_pg_update(engine, batch: dict, device: str, step: bool) -> float:
+    """verl's PrefixGrouper forward on the engine's module, verl's policy loss, the engine's optimizer step."""
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+    from verl.models.transformers import monkey_patch
+    from verl.models.transformers.monkey_patch import apply_prefix_grouper_patch
+    from verl.trainer.ppo.core_algos import get_policy_loss_fn
+    from verl.trainer.ppo.prefix_grouper_utils import forward_micro_batch_with_prefix_grouper
+
+    if not monkey_patch._PREFIX_GROUPER_PATCHED:
+        ALL_ATTENTION_FUNCTIONS["sdpa"] = flash_mask_sdpa(ALL_ATTENTION_FUNCTIONS["sdpa"])
+        with contextlib.redirect_stdout(sys.stderr):  # it prints what it patched
+            apply_prefix_grouper_patch()
+    R = batch["responses"].shape[1]
+    mb = {
+        "prompts": batch["input_ids"][:, :-R].to(device),
+        "responses": batch["responses"].to(device),
+        "response_mask": batch["response_mask"].to(device),
+        "uid": batch["uid"],
+        "pad_token_id": 0,
+    }
+    engine.optimizer_zero_grad()
+    _, log_probs = forward_micro_batch_with_prefix_grouper(
+        mb, engine.module, temperature=1.0, calculate_entropy=False, device_name=device, param_dtype=torch.float32
+    )
+    cfg = actor_config()
+    mask = mb["response_mask"].bool()
+    cfg.global_batch_info.update(dp_size=1, batch_num_tokens=int(mask.sum()), global_batch_size=mask.shape[0])
+    B = mask.shape[0]
+    loss, _ = get_policy_loss_fn(cfg.policy_loss.get("loss_mode", "vanilla"))(
+        old_log_prob=batch["old_log_probs"].to(device),
+        log_prob=log_probs,
+        advantages=batch["advantages"].to(device).unsqueeze(-1).expand(B, R),
+        response_mask=mask,
+        loss_agg_mode=cfg.loss_agg_mode,
+        config=cfg,
+    )
+    loss.backward()
+    if step:
+        engine.optimizer_step()
+        engine.lr_scheduler_step()
+    return float(loss.detach())
+
+
+def verl_grads(engine) -> dict[str, torch.Tensor]:
+    from torch.distributed.tensor import DTensor
+
+    out = {}
+    for name, p in engine.module.named_parameters():
+        g = p.grad.full_tensor() if isinstance(p.grad, DTensor) else p.grad
+        out[name] = g.detach().float().cpu().clone()
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# arctic-rl
+
+
+def arctic_worker(folder: Path, zorro: bool, G: int):
+    from arctic_rl.config import ArcticRLClientConfig
+    from arctic_rl.engines.training import TrainingWorker
+
+    cfg = ArcticRLClientConfig(
+        model_name=str(folder),
+        seed=0,
+        training_config={
+            "dtype": "float32",
+            "zero_stage": 0,
+            "micro_batch_size": G,
+            "grad_clip": GRAD_CLIP,
+            "optimizer": {"lr": LR, "weight_decay": WEIGHT_DECAY},
+            "zorro_train": {"enable": zorro},
+        },
+    )
+    w = TrainingWorker(cfg.to_json(), rank=0, world_size=1)
+    w.setup(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]))
+    return w
+
+
+def arctic_update(worker, batch: dict, step: bool) -> float:
+    worker.zero_grad()
+    out = worker.forward_backward([batch], "grpo", {"compute_entropy": False})
+    if step:
+        worker.optimizer_step()
+    return out[0]["loss"]
+
+
+def arctic_grads(worker) -> dict[str, torch.Tensor]:
+    return {n: p.grad.detach().float().cpu().clone() for n, p in worker.module.model.named_parameters()}
+
+
+def break_zorro() -> None:
+    """Shift every ZoRRo response's position ids by one: the gradients must then differ from verl's."""
+    from arctic_rl.zorro import train
+
+    build = train.build_plan
+
+    def broken(*args, **kwargs):
+        plan = build(*args, **kwargs)
+        for g in plan.groups:
+            plan.position_ids[0, g.resp_start : g.resp_start + g.num_resp_tokens] += 1
+        return plan
+
+    train.build_plan = broken
+
+
+# ---------------------------------------------------------------------------------------------
+# the four variants and the check
+
+
+@dataclass
+class Variant:
+    name: str
+    update: Any  # (step: bool) -> loss
+    grads: Any  # () -> {name: grad}
+
+
+def variants(folder: Path, batch: dict, device: str, only: tuple[str, ...] = VARIANTS) -> dict[str, Variant]:
+    init_process_group(device)
+    G = batch["responses"].shape[0]
+    out: dict[str, Variant] = {}
+    if {"verl", "verl+pg"} & set(only):
+        engine = verl_engine(folder)
+        if "verl" in only:
+            out["verl"] = Variant("verl", partial(verl_update, engine, batch, device), partial(verl_grads, engine))
+        if "verl+pg" in only:
+            out["verl+pg"] = Variant(
+                "verl+pg", partial(verl_pg_update, engine, batch, device), partial(verl_grads, engine)
+            )
+    for name, zorro in (("arctic", False), ("arctic+zorro", True)):
+        if name in only:
+            w = arctic_worker(folder, zorro, G)
+            out[name] = Variant(name, partial(arctic_update, w, batch), partial(arctic_grads, w))
+    return out
+
+
+def check_equal(vs: dict[str, Variant], grad_tol: float) -> tuple[bool, list[dict]]:
+    """Loss and gradients of each variant (before any optimizer step) against verl's."""
+    results = {}
+    for name, v in vs.items():
+        loss = v.update(step=False)
+        results[name] = (loss, v.grads())
+    ref_loss, ref = results["verl"]
+    rows, ok = [], True
+    for name, (loss, grads) in results.items():
+        if set(grads) != set(ref):
+            raise RuntimeError(f"{name}: parameter names differ from verl's: {sorted(set(grads) ^ set(ref))[:4]}")
+        rel = {k: float((grads[k] - ref[k]).norm() / ref[k].norm().clamp(min=1e-30)) for k in ref}
+        worst = max(rel, key=rel.__getitem__)
+        passed = rel[worst] <= grad_tol and abs(loss - ref_loss) <= grad_tol * max(1.0, abs(ref_loss))
+        ok &= passed
+        rows.append(
+            {
+                "variant": name,
+                "loss": f"{loss:.7f}",
+                "|loss - verl|": f"{abs(loss - ref_loss):.1e}",
+                "max grad rel diff": f"{rel[worst]:.1e}",
+                "worst parameter": worst,
+                "equal": "yes" if passed else "NO",
+            }
+        )
+    return ok, rows
+
+
+def print_rows(rows: list[dict]) -> None:
+    cols = list(rows[0])
+    width = {c: max(len(c), *(len(str(r[c])) for r in rows)) for c in cols}
+    print("  " + "  ".join(c.ljust(width[c]) for c in cols))
+    for r in rows:
+        print("  " + "  ".join(str(r[c]).ljust(width[c]) for c in cols))
+
+
+# ---------------------------------------------------------------------------------------------
+# memory: one update in a fresh process
+
+
+def memory_worker(args, variant: str) -> None:
+    folder, batch = Path(args.folder), make_batch(**json.loads(args.batch_spec))
+    device = args.device
+    v = variants(folder, batch, device, only=(variant,))[variant]
+    gc.collect()
+    if device == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        v.update(step=True)
+        torch.cuda.synchronize()
+        peak = torch.cuda.max_memory_allocated() - base
+    else:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")  # resets VmHWM to the current RSS (Linux >= 4.0)
+        base = _status_bytes("VmRSS")
+        v.update(step=True)
+        peak = max(0, _status_bytes("VmHWM") - base)
+    print(json.dumps({"peak_bytes": peak}))
+
+
+def peak_memory(args, folder: Path, spec: dict, names) -> dict[str, int]:
+    """One fresh process per variant, all at once (a process's own high-water mark does not depend on the
+    others'; on CUDA they would share the allocator's device, so they run one by one)."""
+    procs = {}
+    for v in names:
+        cmd = [sys.executable, __file__, "--memory-worker", v, "--folder", str(folder), "--device", args.device]
+        cmd += ["--batch-spec", json.dumps(spec)] + (["--threads", str(args.threads)] if args.threads else [])
+        procs[v] = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        if args.device == "cuda":
+            procs[v].wait()
+    out = {}
+    for v, p in procs.items():
+        stdout, stderr = p.communicate()
+        if p.returncode:
+            raise RuntimeError(f"memory worker for {v} failed:\n{stderr[-3000:]}")
+        out[v] = json.loads(stdout.strip().splitlines()[-1])["peak_bytes"]
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+def log_mlflow(workload: str, model: str, P: int, R: int, G: int, device: str, times: dict[str, list[float]]) -> None:
+    """One MLflow run per variant (experiment "vs_verl"), with the standard tags, so that `arctic-rl compare`
+    shows them beside the rest: timing_s/update_actor (= timing_s/step) per update, step 0 the warm-up
+    (which compare leaves out)."""
+    from arctic_rl import tracking as t
+
+    for v, seconds in times.items():
+        framework, backend = RUN_TAGS[v]
+        tags = {
+            t.TAG_FRAMEWORK: framework,
+            t.TAG_BACKEND: backend,
+            t.TAG_RECIPE: f"vs_verl-{workload}",
+            t.TAG_MODEL: model,
+            t.TAG_NODES: 1,
+            t.TAG_GPUS: int(device == "cuda"),
+            t.TAG_PROMPTS_PER_STEP: 1,
+            t.TAG_N: G,
+            t.TAG_MAX_PROMPT_LENGTH: P,
+            t.TAG_MAX_RESPONSE_LENGTH: R,
+            "variant": v,
+        }
+        with t.Tracker.start("vs_verl", run_name=f"{workload}/{v}", tags=tags) as tracker:
+            for step, s in enumerate(seconds):
+                tracker.log_metrics({t.TIMING_UPDATE_ACTOR: s, t.TIMING_STEP: s}, step)
+
+
+def run_workload(args, name: str, report: Report | None) -> bool:
+    w = {**WORKLOADS[name], **(QUICK if args.quick else {})}
+    P, R, G, model = w["prompt"], w["response"], w["group"], w["model"]
+    folder = model_folder(model, args.out, P + R + 8)
+    spec = dict(vocab=MODELS[model]["vocab_size"], P=P, R=R, G=G)
+    batch = make_batch(**spec)
+    vs = variants(folder, batch, args.device, only=args.variants)
+    c = MODELS[model]
+    title = (
+        f"{name}: model {model} (hidden {c['hidden_size']}, {c['num_hidden_layers']} layers, "
+        f"{c['num_attention_heads']}/{c['num_key_value_heads']} heads, MLP {c['intermediate_size']}, "
+        f"vocab {c['vocab_size']}), prompt {P}, response {R}, G {G}"
+    )
+    print(f"\n{title}")
+    ok, rows = check_equal(vs, args.grad_tol)
+    print(f"equal loss and gradients (vs verl, tolerance {args.grad_tol:g}): {'passed' if ok else 'FAILED'}")
+    print_rows(rows)
+    if report is not None:
+        for r in rows:
+            report.add(f"{name}: equal loss and gradients (before timing)", **r)
+    if not ok or args.check_only:
+        return ok
+
+    sync = torch.cuda.synchronize if args.device == "cuda" else (lambda: None)
+    wall = {v: [] for v in vs}
+    cpu = {v: [] for v in vs}
+    warm = {}
+    for v in vs.values():
+        sync()
+        t0 = time.perf_counter()
+        v.update(step=True)
+        sync()
+        warm[v.name] = time.perf_counter() - t0
+    for _ in range(args.reps):
+        for v in vs.values():  # interleaved: load from other processes hits all alike
+            sync()
+            t0, c0 = time.perf_counter(), time.process_time()
+            v.update(step=True)
+            sync()
+            wall[v.name].append(time.perf_counter() - t0)
+            cpu[v.name].append(time.process_time() - c0)
+    best = {v: min(t) for v, t in wall.items()}
+    best_cpu = {v: min(t) for v, t in cpu.items()}
+    if not args.no_mlflow:
+        log_mlflow(name, model, P, R, G, args.device, {v: [warm[v], *wall[v]] for v in vs})
+    mem = {} if args.no_memory else peak_memory(args, folder, spec, list(vs))
+    fl = flops(model, P, R, G)
+    print(
+        f"FLOP limit {fl['limit']:.2f}x (padded batch / ZoRRo matmul FLOPs; {fl['limit_head_all']:.2f}x with "
+        "the LM head over prompt tokens too, as PrefixGrouper runs it)"
+    )
+    hdr = ["variant", "wall s", "cpu s", "vs verl", "vs verl+pg", "peak MiB"]
+    print("  " + "".join(f"{h:>12s}" for h in hdr))
+    for v in vs:
+        sp, sp_pg = best["verl"] / best[v], best.get("verl+pg", float("nan")) / best[v]
+        peak = mem[v] / 2**20 if mem else float("nan")
+        print(f"  {v:>12s}{best[v]:12.3f}{best_cpu[v]:12.3f}{sp:11.2f}x{sp_pg:11.2f}x{peak:12.0f}")
+        if report is not None:
+            report.add(
+                f"{name}: one GRPO update (min over {args.reps} interleaved)",
+                variant=v,
+                **{"wall s": best[v], "cpu s": best_cpu[v], "vs verl": f"{sp:.2f}x", "vs verl+pg": f"{sp_pg:.2f}x"},
+                **{"FLOP limit": f"{fl['limit']:.2f}x", "peak MiB": peak if mem else ""},
+                **{"memory vs verl": f"{mem[v] / mem['verl']:.2f}" if mem else ""},
+            )
+    if {"verl+pg", "arctic+zorro"} <= set(best):
+        z = best["arctic+zorro"]
+        zc = best_cpu["arctic+zorro"]
+        summary = (
+            f"arctic-rl+ZoRRo: {best['verl'] / z:.2f}x verl (target >= 5x), {best['verl+pg'] / z:.2f}x "
+            f"verl+PrefixGrouper (target >= 3x) in wall time; {best_cpu['verl'] / zc:.2f}x and "
+            f"{best_cpu['verl+pg'] / zc:.2f}x in process CPU time; FLOP limit {fl['limit']:.2f}x"
+        )
+        print(summary)
+        if report is not None:
+            report.note(f"**{name}**: {summary}.")
+    return ok
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--workloads", default="w1,demo", help=f"comma-separated: {', '.join(WORKLOADS)}")
+    ap.add_argument("--reps", type=int, default=3, help="timed updates per variant (interleaved; min reported)")
+    ap.add_argument("--quick", action="store_true", help=f"small sizes ({QUICK}), for development")
+    ap.add_argument("--check-only", action="store_true", help="the equal-gradients check only; exit 1 if it fails")
+    ap.add_argument(
+        "--variants",
+        type=lambda s: tuple(s.split(",")),
+        default=VARIANTS,
+        help=f"comma-separated subset of {','.join(VARIANTS)} (verl always included: the reference)",
+    )
+    ap.add_argument("--break-zorro", action="store_true", help="perturb ZoRRo (response positions +1)")
+    ap.add_argument("--grad-tol", type=float, default=1e-4, help="max relative gradient / loss difference")
+    ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    ap.add_argument("--no-memory", action="store_true")
+    ap.add_argument(
+        "--no-mlflow", action="store_true", help="log no MLflow runs (default: MLFLOW_TRACKING_URI or runs/mlflow.db)"
+    )
+    ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    ap.add_argument("--out", type=Path, default=Path("outputs/bench_vs_verl"), help="model folders")
+    ap.add_argument("--memory-worker", metavar="VARIANT", choices=VARIANTS, help=argparse.SUPPRESS)
+    ap.add_argument("--folder", help=argparse.SUPPRESS)
+    ap.add_argument("--batch-spec", help=argparse.SUPPRESS)
+    add_report_args(ap)
+    args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if args.break_zorro:
+        break_zorro()
+    if args.memory_worker:
+        memory_worker(args, args.memory_worker)
+        return
+    unknown = set(args.workloads.split(",")) - set(WORKLOADS)
+    if unknown:
+        raise SystemExit(f"--workloads: unknown {sorted(unknown)}; known: {sorted(WORKLOADS)}")
+    unknown = set(args.variants) - set(VARIANTS)
+    if unknown or "verl" not in args.variants:
+        raise SystemExit(f"--variants {','.join(args.variants)}: expected verl and any of {','.join(VARIANTS)}")
+    args.out.mkdir(parents=True, exist_ok=True)
+    cuda = args.device == "cuda"
+    report = None
+    if not args.check_only:
+        report = Report.start(
+            "vs_verl_cuda" if cuda else "vs_verl",
+            f"verl 0.9.1's actor update vs arctic-rl's engine: one GRPO update, fp32 on {args.device}",
+            args,
+            device=args.device,
+            bandwidth=not cuda,
+        )
+        report.note(__doc__.split("\n\n", 1)[1].split("\n    python")[0])
+    where = torch.cuda.get_device_name() if cuda else f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores"
+    print(f"verl vs arctic-rl, one GRPO update ({where}, {torch.get_num_threads()} threads, torch {torch.__version__})")
+    print(LEFT_OUT)
+    ok = all([run_workload(args, name, report) for name in args.workloads.split(",")])
+    if not ok:
+        print("equal-gradients check FAILED: the variants do not compute the same update; nothing timed")
+        sys.exit(1)
+    if report is not None:
+        report.write()
+
+
+if __name__ == "__main__":
+    main()
