@@ -73,8 +73,7 @@ class Controller:
                 continue
             addr, port = self._get(group[0].rendezvous.remote(), engine, timeout=None)
             setups += [(engine, w.setup.remote(addr, port)) for w in group]
-        for engine, ref in setups:
-            self._get(ref, engine, timeout=None)
+        get_in_completion_order(setups, self._get)
         self.groups = {"training": self.trainers, "reference": self.reference, "sampling": self.samplers}
         self.asleep = {e: False for e in ENGINES}
         # True from a sampler sleep at level 2 (vLLM dropped its weights) until the next sync_weights.
@@ -434,6 +433,18 @@ class Controller:
         me = ray.get_runtime_context().current_actor
         threading.Timer(0.5, lambda: ray.kill(me)).start()
         return "ok"
+
+
+def get_in_completion_order(tagged: list[tuple[str, ray.ObjectRef]], get) -> list:
+    """`get(ref, engine, timeout=None)` of every (engine, ref), in the order they finish: a rank that fails
+    while rank 0 waits for it in the process-group rendezvous fails the deployment at once, instead of after
+    torch's rendezvous timeout (or never, waiting on rank 0 first)."""
+    engine_of = {ref: engine for engine, ref in tagged}
+    pending, out = list(engine_of), {}
+    while pending:
+        done, pending = ray.wait(pending, num_returns=1)
+        out[done[0]] = get(done[0], engine_of[done[0]], timeout=None)
+    return [out[ref] for _, ref in tagged]
 
 
 class _MultiLock:

@@ -68,3 +68,39 @@ def test_reference_engine_names_itself(ray_cluster, corrupted_model):
         ray.kill(worker)
     assert isinstance(err.value.cause, EngineStartError)
     assert "reference engine rank 0 failed to start: SafetensorError: " in str(err.value.cause)
+
+
+def test_a_later_rank_failing_fails_the_start_while_rank_0_still_waits(ray_cluster):
+    # Rank 0 blocks in the rendezvous until every rank joins; rank 1 died instead. The controller must report
+    # rank 1 now, not wait on rank 0 first (which, without a timeout, never returns).
+    import threading
+
+    from arctic_rl.server.controller import get_in_completion_order
+
+    if not ray.is_initialized():
+        ray.init()
+
+    @ray.remote
+    def rank0_waiting_for_the_others():
+        import time
+
+        time.sleep(3600)
+
+    @ray.remote
+    def rank1_failing():
+        raise RuntimeError("rank 1: CUDA out of memory")
+
+    tagged = [("training", rank0_waiting_for_the_others.remote()), ("training", rank1_failing.remote())]
+    raised: list[BaseException] = []
+
+    def start():
+        try:
+            get_in_completion_order(tagged, lambda ref, engine, timeout: ray.get(ref, timeout=timeout))
+        except Exception as e:  # what the deployment would raise
+            raised.append(e)
+
+    t = threading.Thread(target=start, daemon=True)
+    t.start()
+    t.join(timeout=120)
+    ray.cancel(tagged[0][1], force=True)
+    assert raised and "rank 1: CUDA out of memory" in str(raised[0])
