@@ -4,7 +4,9 @@ such a sleep between every forward_backward and optimizer_step gives exactly the
 weights of the same steps without it (one deployment, run twice from the same checkpoint).
 
 On CPU nothing is freed (the device is the host), but every move runs: the stashed storages are poisoned
-until wake (arctic_rl/engines/offload.py), so a byte wake fails to bring back changes the digests."""
+until wake (arctic_rl/engines/offload.py), so a byte wake fails to bring back changes the digests.
+The ZeRO-3 deployment also checks the streamed weight sync over two ranks: 1 MiB buckets split the tiny model
+into several, both ranks gather each in lockstep, a sampler that missed the steps is caught and named."""
 
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ import pytest
 import ray
 
 from arctic_rl import ArcticRLClientConfig, create_arctic_rl_client, ops
-from arctic_rl.errors import EngineError
+from arctic_rl.errors import EngineError, WeightSyncError
 
 pytestmark = pytest.mark.slow
 STEPS = 2
@@ -67,7 +69,7 @@ def test_sleep_wake_is_bit_exact_and_training_continues_identically(
             training_gpus=workers,
             seed=0,
             training_config={"dtype": "float32", "zero_stage": zero_stage, "optimizer": {"lr": 1e-3}},
-            vllm_config={"max_seq_len": 256, "dtype": "float32"},
+            vllm_config={"max_seq_len": 256, "dtype": "float32", "sync_bucket_mb": 1},  # several buckets
             server={"checkpoint_root": str(tmp_path)},
         )
     )
@@ -84,7 +86,16 @@ def test_sleep_wake_is_bit_exact_and_training_continues_identically(
         assert _same(plain, slept), (plain, slept)
         assert _digests(c, "training") == weights
         assert _digests(c, "reference") == ref
-        c.sync_weights()  # loads the weights the level-2 sleep dropped; generate works again
+        if zero_stage == 3:  # the sampler missed the steps: the streamed check names a stale tensor
+            with pytest.raises(ray.exceptions.RayTaskError) as info:
+                ray.get(c._t.handle.check_weights.remote())
+            assert isinstance(info.value.cause, WeightSyncError)
+            assert "first stale tensor model." in str(info.value.cause)
+        sync = c.sync_weights()  # loads the weights the level-2 sleep dropped; generate works again
+        if zero_stage == 3:  # both ranks gathered each 1 MiB bucket in lockstep
+            assert sync["buckets"] > 1 and sync["checked_tensors"] > 0
+            assert sync["probe_max_abs_logprob_diff"] < 1e-3
+            assert ray.get(c._t.handle.check_weights.remote())["checked_tensors"] == sync["checked_tensors"]
         assert len(c.generate([[5, 6, 7]], {"max_tokens": 2})) == 1
         if zero_stage == 3:  # reference := policy reaches every partition of the 2-rank reference
             c.update_reference()
