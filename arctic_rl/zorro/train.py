@@ -546,6 +546,8 @@ def use_zorro_attention(model) -> None:
     when the model call carries a `zorro_plan` and SDPA (mask and attention) otherwise. It must stay in place
     after the forward: gradient checkpointing recomputes each layer inside the backward, and a recompute with
     SDPA over the packed ZoRRo row would be wrong (where the shapes happen to match, silently)."""
+    if getattr(model, "_arctic_rl_zorro_attention", False):  # every forward calls this: walk the modules once
+        return
     register()
     for m in model.modules():
         c = getattr(m, "config", None)
@@ -557,6 +559,7 @@ def use_zorro_attention(model) -> None:
         if impl not in (None, "sdpa"):
             raise ValueError(f"ZoRRo Train runs on models loaded with attn_implementation='sdpa' (this one: {impl!r})")
         c._attn_implementation_internal = ATTN_IMPLEMENTATION
+    model._arctic_rl_zorro_attention = True
 
 
 def pick_backend(device: torch.device, attention: str = "auto", dtype: torch.dtype = torch.float32) -> str:
