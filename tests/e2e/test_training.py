@@ -1,5 +1,8 @@
 """DeepSpeed training through the client: ZeRO-1, 2 and 3 train the tiny model; 2 data-parallel workers
-match 1 on the same global batch; a checkpoint restores log-probs and the next optimizer step exactly."""
+match 1 on the same global batch; a checkpoint restores log-probs and the next optimizer step exactly;
+update_reference (reference := current policy) under each stage leaves the reference's log-probs equal to the
+policy's (on the same deployments; tests/e2e/test_sleep.py checks it again on a partitioned 2-rank ZeRO-3
+reference after sleep/wake)."""
 
 from __future__ import annotations
 
@@ -53,6 +56,16 @@ def start(model, zero_stage: int, workers: int, checkpoint_root=None):
     )
 
 
+def assert_update_reference_copies_the_policy(client, batch) -> None:
+    """After training, the reference (the initial weights) differs from the policy; update_reference makes
+    them equal."""
+    mask = batch["response_mask"].bool()
+    policy = client.log_probs(batch)["log_probs"]
+    assert (policy - client.log_probs(batch, reference=True)["log_probs"])[mask].abs().max() > 1e-3  # it moved
+    client.update_reference()
+    assert (policy - client.log_probs(batch, reference=True)["log_probs"])[mask].abs().max() < 1e-5
+
+
 def train(client, batch, steps=STEPS) -> list[float]:
     losses = []
     for _ in range(steps):
@@ -75,6 +88,7 @@ def reference_run(ray_cluster, tiny_llama, tmp_path_factory):
         s3 = c.optimizer_step()
         losses.append(m3["loss"])
         final = c.log_probs(batch)["log_probs"]
+        assert_update_reference_copies_the_policy(c, batch)  # after everything the fixture returns
     finally:
         c.shutdown()
     return {
@@ -100,6 +114,7 @@ def test_zero_stage_with_two_workers_matches_one(reference_run, tiny_llama, zero
         losses = train(c, reference_run["batch"])
         final = c.log_probs(reference_run["batch"])["log_probs"]
         c.save_checkpoint(str(tmp_path / "ckpt"))
+        assert_update_reference_copies_the_policy(c, reference_run["batch"])
     finally:
         c.shutdown()
     assert all(b < a for a, b in zip(losses, losses[1:])), losses
