@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -25,6 +26,29 @@ RAY = str(Path(sys.executable).parent / "ray")
 @pytest.fixture(scope="session")
 def tiny_llama(tmp_path_factory) -> Path:
     return make_tiny_model(tmp_path_factory.mktemp("models") / "tiny-llama", "llama")
+
+
+@pytest.fixture(scope="session")
+def mlflow_template(tmp_path_factory) -> Path:
+    """An empty MLflow SQLite store, created once: creating one runs MLflow's schema migrations (seconds of
+    CPU), which every test that wants a store of its own would otherwise pay again."""
+    from mlflow.tracking import MlflowClient
+
+    path = tmp_path_factory.mktemp("mlflow-template") / "mlflow.db"
+    MlflowClient(f"sqlite:///{path}").search_experiments()
+    return path
+
+
+@pytest.fixture
+def new_mlflow_store(mlflow_template):
+    """new_mlflow_store(path) -> the tracking URI of a fresh, empty store at `path` (a copy of the template)."""
+
+    def make(path: Path) -> str:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(mlflow_template, path)
+        return f"sqlite:///{path}"
+
+    return make
 
 
 @pytest.fixture(scope="session")

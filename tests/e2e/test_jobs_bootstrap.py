@@ -28,8 +28,8 @@ def bootstrap_argv(job_dir: Path, rank: int, num_nodes: int, resource: str, time
 
 
 @pytest.mark.slow
-def test_two_node_bootstrap_spreads_engines(tmp_path: Path) -> None:
-    job_dir, uri = tmp_path / "job", f"sqlite:///{tmp_path / 'mlflow.db'}"
+def test_two_node_bootstrap_spreads_engines(tmp_path: Path, new_mlflow_store) -> None:
+    job_dir, uri = tmp_path / "job", new_mlflow_store(tmp_path / "mlflow.db")
     worker = subprocess.Popen(
         bootstrap_argv(job_dir, 1, 2, "node_b", 180), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )

@@ -91,8 +91,8 @@ def size(tiny_llama: Path) -> list[str]:
 
 
 @pytest.fixture
-def store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> MlflowClient:
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+def store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, new_mlflow_store) -> MlflowClient:
+    uri = new_mlflow_store(tmp_path / "mlflow.db")
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     return MlflowClient(uri)

@@ -69,8 +69,8 @@ class EngineStates:
 
 
 @pytest.fixture
-def mlflow_db(tmp_path, monkeypatch):
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+def mlflow_db(tmp_path, monkeypatch, new_mlflow_store):
+    uri = new_mlflow_store(tmp_path / "mlflow.db")
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     return uri
 

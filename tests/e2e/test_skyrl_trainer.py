@@ -26,7 +26,7 @@ def _free_port() -> int:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("data", ["toy", "gsm8k"])
-def test_skyrl_trainer_two_grpo_steps_on_arctic(tiny_llama, tmp_path, data):
+def test_skyrl_trainer_two_grpo_steps_on_arctic(tiny_llama, tmp_path, data, new_mlflow_store):
     """toy: an arctic-rl recipe through env_class "arctic"; gsm8k: SkyRL's own GSM8K layout and skyrl-gym env."""
     if data == "toy":
         skip_if_run_on_two_hosts("tests/e2e/test_jobs_multinode.py::test_framework_path_on_two_nodes[skyrl]")
@@ -35,7 +35,7 @@ def test_skyrl_trainer_two_grpo_steps_on_arctic(tiny_llama, tmp_path, data):
         [str(skyrl_py), "-c", "import sys, skyrl_train; print(sys.version_info[:2])"], capture_output=True, text=True
     )
     assert out.stdout.strip() == "(3, 12)", out.stderr
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = new_mlflow_store(tmp_path / "mlflow.db")
     env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "MLFLOW_RUN_ID", "MLFLOW_RUN_CONTEXT")}
     env.update(
         SKYRL_DATA=str(tmp_path / "data"),

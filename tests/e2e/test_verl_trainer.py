@@ -19,7 +19,7 @@ VENV = Path(sys.executable).parent.parent
 
 
 @pytest.mark.slow
-def test_verl_trainer_two_grpo_steps_on_arctic(tiny_llama, tmp_path):
+def test_verl_trainer_two_grpo_steps_on_arctic(tiny_llama, tmp_path, new_mlflow_store):
     from recipes.verl.gsm8k import prepare
 
     skip_if_run_on_two_hosts("tests/e2e/test_jobs_multinode.py::test_framework_path_on_two_nodes[verl]")
@@ -29,7 +29,7 @@ def test_verl_trainer_two_grpo_steps_on_arctic(tiny_llama, tmp_path):
     data = tmp_path / "data"
     prepare(data, max_train=8, max_test=2)
     db = tmp_path / "mlflow.db"
-    uri = f"sqlite:///{db}"
+    uri = new_mlflow_store(db)
     env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "MLFLOW_RUN_ID", "MLFLOW_RUN_CONTEXT")}
     env.update(
         VERL_DATA=str(data),

@@ -5,6 +5,7 @@ Tracker. The verl and SkyRL runs carry none of our tags: compare must recognise 
 params and metric names."""
 
 import csv
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -57,12 +58,13 @@ SKYRL_ARCTIC = {
 }
 
 
-def log_with_verl(uri: str, run_name: str, phases: dict[str, list[float]], tags: dict[str, str] | None) -> None:
-    """Runs verl's own Tracking in a child process (it keeps global mlflow state and reads the env URI)."""
+def log_with_verl(uri: str, runs: list[tuple[str, dict[str, list[float]], dict[str, str] | None]]) -> None:
+    """Runs verl's own Tracking in one child process (it keeps global mlflow state and reads the env URI), one
+    run after the other: (run name, per-phase seconds, tags set as recipes/verl sets them or None)."""
     assert (VERL_REF / "verl" / "utils" / "tracking.py").exists(), (
         f"verl not installed in {VERL_REF} (scripts/setup_env.sh)"
     )
-    metrics = {f"timing_s/{p}": v for p, v in phases.items()}
+    runs_metrics = [(name, {f"timing_s/{p}": v for p, v in phases.items()}, tags) for name, phases, tags in runs]
     script = textwrap.dedent(f"""
         import sys; sys.path.insert(0, {str(VERL_REF)!r})
         import mlflow
@@ -70,13 +72,13 @@ def log_with_verl(uri: str, run_name: str, phases: dict[str, list[float]], tags:
         config = {{"trainer": {{"nnodes": 1, "n_gpus_per_node": 8, "project_name": "text2sql"}},
                    "data": {{"train_batch_size": 64, "max_prompt_length": 1024, "max_response_length": 512}},
                    "actor_rollout_ref": {{"model": {{"path": "Qwen/Qwen3-4B"}}, "rollout": {{"n": 8}}}}}}
-        tracking = Tracking(project_name="text2sql", experiment_name={run_name!r}, default_backend="mlflow", config=config)
-        if {tags!r}:
-            mlflow.set_tags({tags!r})  # what recipes/verl does for verl + arctic-rl runs
-        metrics = {metrics!r}
-        for i in range(len(next(iter(metrics.values())))):
-            tracking.log({{k: v[i] for k, v in metrics.items()}}, step=i + 1)
-        tracking.finish()
+        for run_name, metrics, tags in {runs_metrics!r}:
+            tracking = Tracking(project_name="text2sql", experiment_name=run_name, default_backend="mlflow", config=config)
+            if tags:
+                mlflow.set_tags(tags)  # what recipes/verl does for verl + arctic-rl runs
+            for i in range(len(next(iter(metrics.values())))):
+                tracking.log({{k: v[i] for k, v in metrics.items()}}, step=i + 1)
+            tracking.finish()
     """)
     subprocess.run(
         [sys.executable, "-c", script], check=True, env={"MLFLOW_TRACKING_URI": uri, "PATH": "/usr/bin:/bin"}
@@ -139,10 +141,12 @@ def log_with_tracker(
 
 
 @pytest.fixture(scope="module")
-def store(tmp_path_factory: pytest.TempPathFactory) -> str:
-    uri = f"sqlite:///{tmp_path_factory.mktemp('mlflow') / 'mlflow.db'}"
-    log_with_verl(uri, "verl-native", VERL_NATIVE, None)
-    log_with_verl(uri, "verl-arctic", VERL_ARCTIC, {TAG_FRAMEWORK: FRAMEWORK_VERL, TAG_BACKEND: BACKEND_ARCTIC})
+def store(tmp_path_factory: pytest.TempPathFactory, mlflow_template: Path) -> str:
+    path = tmp_path_factory.mktemp("mlflow") / "mlflow.db"
+    shutil.copyfile(mlflow_template, path)
+    uri = f"sqlite:///{path}"
+    verl_arctic_tags = {TAG_FRAMEWORK: FRAMEWORK_VERL, TAG_BACKEND: BACKEND_ARCTIC}
+    log_with_verl(uri, [("verl-native", VERL_NATIVE, None), ("verl-arctic", VERL_ARCTIC, verl_arctic_tags)])
     log_like_skyrl(uri, "skyrl-native", SKYRL_NATIVE, None)
     log_like_skyrl(uri, "skyrl-arctic", SKYRL_ARCTIC, {TAG_FRAMEWORK: FRAMEWORK_SKYRL, TAG_BACKEND: BACKEND_ARCTIC})
     log_with_tracker(uri, LOOP)
@@ -207,8 +211,10 @@ VERL_PARAMS = {
 }
 
 
-def test_compare_matched_runs_median_iqr_and_tokens_per_s(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+def test_compare_matched_runs_median_iqr_and_tokens_per_s(
+    tmp_path: Path, capsys: pytest.CaptureFixture, new_mlflow_store
+) -> None:
+    uri = new_mlflow_store(tmp_path / "mlflow.db")
     log_with_tracker(uri, MATCHED_LOOP, "matched", extra={"perf/total_num_tokens": [2000] * 5})
     log_with_tracker(
         uri,
@@ -236,8 +242,10 @@ def test_compare_matched_runs_median_iqr_and_tokens_per_s(tmp_path: Path, capsys
     assert (tmp_path / "compare.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_compare_refuses_runs_of_different_setups(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+def test_compare_refuses_runs_of_different_setups(
+    tmp_path: Path, capsys: pytest.CaptureFixture, new_mlflow_store
+) -> None:
+    uri = new_mlflow_store(tmp_path / "mlflow.db")
     two_nodes = {TAG_FRAMEWORK: FRAMEWORK_ARCTIC, TAG_BACKEND: BACKEND_ARCTIC, **SETUP, "nodes": "2", "gpus": "16"}
     log_with_tracker(uri, MATCHED_LOOP, "mixed", tags=two_nodes)
     log_with_tracker(uri, MATCHED_VERL, "mixed", tags={TAG_FRAMEWORK: FRAMEWORK_VERL}, params=VERL_PARAMS)
