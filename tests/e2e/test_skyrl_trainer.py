@@ -5,6 +5,7 @@ in .venv. Then the MLflow run SkyRL's logger wrote, and the checkpoint it saved 
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -27,9 +28,10 @@ def _free_port() -> int:
 @pytest.mark.slow
 @pytest.mark.parametrize("data", ["toy", "gsm8k"])
 def test_skyrl_trainer_two_grpo_steps_on_arctic(tiny_llama, tmp_path, data, new_mlflow_store):
-    """toy: an arctic-rl recipe through env_class "arctic"; gsm8k: SkyRL's own GSM8K layout and skyrl-gym env."""
-    if data == "toy":
-        skip_if_run_on_two_hosts("tests/e2e/test_jobs_multinode.py::test_framework_path_on_two_nodes[skyrl]")
+    """toy: an arctic-rl recipe through env_class "arctic"; gsm8k: SkyRL's own GSM8K layout and skyrl-gym env.
+    With the two-host Slurm up, both skip: the two-host job is the same run on the toy recipe, and
+    test_generator_one_request_per_group_length scores SkyRL's GSM8K rows with skyrl-gym's own env."""
+    skip_if_run_on_two_hosts("tests/e2e/test_jobs_multinode.py::test_framework_path_on_two_nodes[skyrl]")
     skyrl_py = skyrl_python()
     out = subprocess.run(
         [str(skyrl_py), "-c", "import sys, skyrl_train; print(sys.version_info[:2])"], capture_output=True, text=True
@@ -166,7 +168,8 @@ print("ok", cc.training_gpus, cc.sampling_gpus)
 
 def test_generator_one_request_per_group_length():
     """ArcticGenerator turns SkyRL's repeated rows back into groups: runs of a prompt -> one request with n = run
-    length (one call per distinct length), samples back in row order, rewards from the `arctic` skyrl-gym env.
+    length (one call per distinct length), samples back in row order, rewards from the `arctic` skyrl-gym env,
+    and from skyrl-gym's own `gsm8k` env on SkyRL's GSM8K rows.
     The client here only records calls (the end-to-end test above uses the real one)."""
     skyrl_py = skyrl_python()
     code = r"""
@@ -200,8 +203,31 @@ assert sorted(c[:2] for c in client.calls) == [(1, 1), (2, 3)], client.calls
 assert [chr(p[0]) for p in out["prompt_token_ids"]] == rows
 assert [r[0] for r in out["response_ids"]] == [0, 1, 2, 0, 1, 2, 0]
 assert out["rewards"] == [0.0, 1.0, 0.0, 0.0, 1.0, 0.0, 0.0], out["rewards"]
+
+# SkyRL's own GSM8K rows (recipes.skyrl.data --recipe gsm8k), their columns passed on as SkyRL's dataset does
+# (everything but prompt and env_class becomes env_extras), scored by skyrl-gym's gsm8k env.
+gsm8k = json.loads(GSM8K_ROWS)
+truth = [r["reward_spec"]["ground_truth"] for r in gsm8k]
+questions = [r["prompt"][0]["content"] for r in gsm8k]
+class Answers(Recorder):
+    def generate(self, ids, params):
+        out = super().generate(ids, params)
+        for s in out:  # odd samples answer right, in GSM8K's "#### <answer>" format
+            q = questions.index("".join(map(chr, s["prompt_token_ids"])))
+            s["text"] = f"#### {truth[q]}" if s["token_ids"][0] % 2 else "no idea"
+        return out
+gen = ArcticGenerator(cfg, Tok(), Answers())
+out = asyncio.run(gen.generate({"prompts": [r["prompt"] for r in gsm8k for _ in range(2)],
+                                "env_classes": [r["env_class"] for r in gsm8k for _ in range(2)],
+                                "env_extras": [{k: v for k, v in r.items() if k not in ("prompt", "env_class")}
+                                               for r in gsm8k for _ in range(2)],
+                                "sampling_params": None, "trajectory_ids": None, "batch_metadata": None}))
+assert out["rewards"] == [0.0, 1.0] * len(gsm8k), out["rewards"]
 print("ok")
 """
+    from recipes.skyrl.data import gsm8k_rows
+
+    code = code.replace("GSM8K_ROWS", repr(json.dumps(gsm8k_rows(None, "train", 3))))
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     out = subprocess.run([str(skyrl_py), "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stdout[-2000:] + out.stderr[-4000:]

@@ -11,8 +11,9 @@ from arctic_rl.batch import from_samples
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture
-def two_gpu_cluster(monkeypatch):
+@pytest.fixture(scope="module")
+def two_gpu_cluster():
+    """One cluster for the module (each test hands back every device it took)."""
     import ray
     from ray.cluster_utils import Cluster
 
@@ -20,8 +21,9 @@ def two_gpu_cluster(monkeypatch):
         ray.shutdown()
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 4, "num_gpus": 2})
     cluster.wait_for_nodes()
-    monkeypatch.setenv("RAY_ADDRESS", cluster.address)
-    yield cluster
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("RAY_ADDRESS", cluster.address)
+        yield cluster
     if ray.is_initialized():
         ray.shutdown()
     cluster.shutdown()
@@ -68,23 +70,31 @@ def test_colocated_engines_pair_up_on_devices(tiny_llama, two_gpu_cluster):
     assert ray.available_resources().get("GPU", 0) == 2
 
 
-def test_split_engines_get_their_own_devices(tiny_llama, two_gpu_cluster):
-    c = create_arctic_rl_client(
-        ArcticRLClientConfig(
-            model_name=str(tiny_llama),
-            training_gpus=1,
-            sampling_gpus=1,
-            colocate=False,
-            training_config={"dtype": "float32"},
-            vllm_config={"max_seq_len": 256, "dtype": "float32"},
-        )
-    )
+def test_split_engines_get_their_own_devices(two_gpu_cluster):
+    """Not colocated: the sampler's bundle is another device than the trainer's; the reference shares the
+    trainer's. Each engine's options (the ones the controller starts it with) given to a task that reports
+    the GPU Ray assigned it: the devices are Ray's own decision, without starting the engines themselves
+    (the colocated test above starts them)."""
+    import ray
+
+    from arctic_rl.server.placers import GpuPlacer
+
+    ray.init(address=two_gpu_cluster.address, ignore_reinit_error=True)
+    cfg = ArcticRLClientConfig(model_name="unused", training_gpus=1, sampling_gpus=1, colocate=False)
+    place = GpuPlacer(cfg)
+
+    @ray.remote
+    def device() -> str:
+        (gpu,) = ray.get_gpu_ids()
+        return str(gpu)
+
     try:
-        e = c.health()["engines"]
-        assert _gpu(e["training[0]"]) != _gpu(e["sampling[0]"]), e
-        assert _gpu(e["reference[0]"]) == _gpu(e["training[0]"]), e
+        trainer = ray.get(device.options(**place.trainer(0)).remote())
+        reference = ray.get(device.options(**place.reference(0)).remote())
+        sampler = ray.get(device.options(**place.sampler(0)[0]).remote())
+        assert trainer != sampler and reference == trainer, (trainer, reference, sampler)
     finally:
-        c.shutdown()
+        place.release()
 
 
 def test_tensor_parallel_sampler_layout(two_gpu_cluster):
@@ -94,7 +104,7 @@ def test_tensor_parallel_sampler_layout(two_gpu_cluster):
 
     from arctic_rl.server.placers import GpuPlacer
 
-    ray.init(address=two_gpu_cluster.address)
+    ray.init(address=two_gpu_cluster.address, ignore_reinit_error=True)
     cfg = ArcticRLClientConfig(
         model_name="unused", training_gpus=2, sampling_gpus=2, vllm_config={"tensor_parallel_size": 2}
     )
