@@ -301,7 +301,12 @@ class TrainingWorker:
         return per_mb
 
     @_awake
-    def optimizer_step(self) -> dict[str, float]:
+    def optimizer_step(self, optim_params: dict | None = None) -> dict[str, float]:
+        # Set on the param groups before the step: DeepSpeed's step runs the optimizer, then the scheduler
+        # (which recomputes lr from its base for the next step; a caller that sets lr sets it every step).
+        params = {k: tuple(v) if k == "betas" else v for k, v in (optim_params or {}).items() if v is not None}
+        for group in self.optimizer.param_groups:
+            group.update(params)
         self.engine.set_gradient_accumulation_boundary(True)
         self.engine.backward(self._dummy_forward())
         self.engine.step()

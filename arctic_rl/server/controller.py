@@ -239,9 +239,9 @@ class Controller:
         except (ValueError, KeyError, TypeError) as e:
             raise ConfigError(f"loss {loss_fn!r} rejected the request: {e}") from None
 
-    def optimizer_step(self) -> dict[str, float]:
+    def optimizer_step(self, optim_params: dict | None = None) -> dict[str, float]:
         with self._locked("training"):
-            outs = self._get([a.optimizer_step.remote() for a in self.trainers], "training")
+            outs = self._get([a.optimizer_step.remote(optim_params) for a in self.trainers], "training")
         self.step += 1
         return {**outs[0], "step": self.step}
 

