@@ -36,6 +36,7 @@ from tinker.types.checkpoint import ParsedCheckpointTinkerPath
 from arctic_rl.config import ArcticRLClientConfig
 from arctic_rl.errors import ArcticRLError, AuthError, ConfigError, ProtocolError, UnknownNameError
 from arctic_rl.losses import resolve_loss_fn
+from arctic_rl.losses.config import TINKER_LOSSES
 from arctic_rl.server import tinker_convert as conv
 
 PREFIX = "/api/v1"
@@ -235,13 +236,13 @@ class TinkerFront:
 
     def save_for_sampler(self, req: types.SaveWeightsForSamplerRequest, session_id: str) -> BaseModel:
         self.model(req.model_id)
+        if req.path is not None and not NAME.fullmatch(req.path):
+            raise ConfigError(f"name {req.path!r:.140}: use 1-128 of A-Z a-z 0-9 . _ -")
         self.call("sync_weights", {})
         with self.lock:
             self.state.version += 1
             version = self.state.version
             if req.path is not None:
-                if not NAME.fullmatch(req.path):
-                    raise ConfigError(f"name {req.path!r:.140}: use 1-128 of A-Z a-z 0-9 . _ -")
                 path = f"tinker://{req.model_id}/sampler_weights/{req.path}"
                 self.state.sampler_paths[path] = version
                 return types.SaveWeightsForSamplerResponseInternal(path=path)
@@ -350,7 +351,8 @@ def mount(
         model = types.SupportedModel(
             model_name=cfg.model_name, max_context_length=cfg.vllm_config.max_seq_len, trainable=True, sampleable=True
         )
-        return types.GetServerCapabilitiesResponse(supported_models=[model])
+        out = types.GetServerCapabilitiesResponse(supported_models=[model]).model_dump(mode="json", exclude_none=True)
+        return {**out, "supported_losses": list(TINKER_LOSSES)}  # not in the SDK's type (it ignores the key)
 
     @route("/client/config")
     async def client_config(request, body):
