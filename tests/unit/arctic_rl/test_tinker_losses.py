@@ -198,3 +198,15 @@ def test_the_forward_backward_protobuf_round_trips_through_the_sdks_own_codecs()
     )
     assert out.metrics == {"loss:sum": 2.5}
     assert [o["logprobs"].tolist() for o in out.loss_fn_outputs] == [[-1.0, -2.0], [-3.0]]
+
+
+def test_optimizer_step_checks_its_optim_params(tmp_path):
+    from arctic_rl.config import ArcticRLClientConfig
+    from arctic_rl.server.requests import check_request
+
+    cfg = ArcticRLClientConfig(model_name="unused", server={"checkpoint_root": str(tmp_path)})
+    check_request("optimizer_step", {"optim_params": {"lr": 1e-4, "betas": [0.9, 0.95], "eps": 1e-8}}, cfg)
+    check_request("optimizer_step", {"optim_params": None}, cfg)
+    for bad, key in (({"lr": -1.0}, "lr"), ({"betas": [0.9, 1.0]}, "betas"), ({"momentum": 0.9}, "momentum")):
+        with pytest.raises(ConfigError, match=key):
+            check_request("optimizer_step", {"optim_params": bad}, cfg)
