@@ -10,6 +10,7 @@ writes merged weights that compute the trainer's log-probs.
 
 from __future__ import annotations
 
+import json
 import socket
 
 import pytest
@@ -18,7 +19,7 @@ import torch
 from test_training import fixed_batch
 
 from arctic_rl import ArcticRLClientConfig, create_arctic_rl_client
-from arctic_rl.errors import WeightSyncError
+from arctic_rl.errors import ConfigError, WeightSyncError
 
 pytestmark = pytest.mark.slow
 RANK = 4
@@ -159,3 +160,16 @@ def test_checkpoint_round_trip_continues_identically_and_exports_merged(lora_cli
     lp = torch.log_softmax(logits[:, P - 1 : -1], -1).gather(-1, batch["responses"][..., None])[..., 0]
     mask = batch["response_mask"].bool()
     assert (lp - at_save)[mask].abs().max() < TOL
+
+
+def test_a_checkpoint_of_another_lora_config_is_refused(lora_client):
+    # A LoRA engine loads its module non-strictly (adapters only): a full-parameter checkpoint would load nothing.
+    c, root = lora_client
+    full = root / "full-parameter"
+    full.mkdir()
+    cfg = json.loads(c.reconnect_config().to_json())
+    cfg["training_config"]["lora"] = None
+    (full / "arctic_rl.json").write_text(json.dumps({"step": 1, "config": cfg}))
+    with pytest.raises(ConfigError) as e:
+        c.load_checkpoint(str(full))
+    assert "training_config.lora=None" in str(e.value) and f"'rank': {RANK}" in str(e.value), str(e.value)
