@@ -108,6 +108,17 @@ class TrainingConfig(Strict):
     lora: LoraConfig | None = Field(None, description="None: full-parameter training; else LoRA adapters only")
 
     @model_validator(mode="after")
+    def _lora_below_zero3(self):
+        # Not built: the merged weights of a LoRA layer would need its base weight and both adapters gathered
+        # together; the adapters are small, so ZeRO-2 already partitions what LoRA trains.
+        if self.lora is not None and self.zero_stage == 3:
+            raise ValueError(
+                "training_config.lora with training_config.zero_stage=3 is not supported: "
+                "use zero_stage 0, 1 or 2 (the frozen base weights are not in the optimizer either way)"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _offload_needs_checkpointing(self):
         if self.offload_activations and not self.gradient_checkpointing:
             raise ValueError(

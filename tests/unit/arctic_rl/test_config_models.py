@@ -115,3 +115,9 @@ def test_a_bad_lora_config_names_the_field_and_the_value(lora, words):
     with pytest.raises(ConfigError) as e:
         ArcticRLClientConfig(model_name="org/m", training_config={"lora": lora})
     assert all(w in str(e.value) for w in words), str(e.value)
+
+
+def test_lora_with_zero3_is_refused_naming_both_and_the_fix():
+    with pytest.raises(ConfigError) as e:
+        ArcticRLClientConfig(model_name="org/m", training_config={"zero_stage": 3, "lora": {"rank": 4}})
+    assert all(w in str(e.value) for w in ["training_config.lora", "zero_stage=3", "zero_stage 0, 1 or 2"])
