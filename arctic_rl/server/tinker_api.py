@@ -143,8 +143,8 @@ class TinkerFront:
     def lora_rank(self, lora: types.LoraConfig | None) -> int | None:
         deployed = self.cfg.training_config.lora
         if deployed is None:
-            # TODO(issue 19, LoRA engine): full fine-tuning stands in for LoRA while the training engine has no
-            # adapters (branch `lora`); then create LoRA models on a deployment with training_config.lora set.
+            # A full-parameter deployment: the SDK always asks for LoRA (create_lora_training_client); the model
+            # trains every parameter, and get_info says so (is_lora False). LoRA is the deployment's choice.
             return None
         if lora is not None and lora.rank != deployed.rank:
             raise ConfigError(
