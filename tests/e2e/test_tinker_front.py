@@ -1,7 +1,8 @@
 """The Tinker front driven by the official SDK, unmodified (ServiceClient, TrainingClient, SamplingClient), against
-one `arctic-rl serve --tinker` deployment of a tiny random model on CPU (ZoRRo Train on): a supervised loop whose
-loss falls, an RL loop whose sampler log-probs match the trainer's, a state round trip that continues
-identically, and errors answered as the SDK's own error types."""
+one `arctic-rl serve --tinker` deployment of a tiny random model on CPU (LoRA rank 8, ZoRRo Train on): a
+supervised loop whose loss falls, an RL loop whose sampler log-probs match the trainer's, a state round trip
+that continues identically, errors answered as the SDK's own error types, and a tinker-cookbook RL recipe run
+unchanged."""
 
 from __future__ import annotations
 
@@ -38,6 +39,7 @@ def front(ray_cluster, tiny_llama, tmp_path_factory):
             "micro_batch_size": 8,
             "grad_clip": 0.0,
             "zorro_train": {"enable": True},
+            "lora": {"rank": 8},  # the SDK creates LoRA models; the deployment trains rank-8 adapters
         },
         "vllm_config": {"max_seq_len": 256, "dtype": "float32"},
         "server": {"checkpoint_root": str(root)},
@@ -73,7 +75,8 @@ def test_a_supervised_loop_with_the_sdk_lowers_the_loss(front):
     from tinker import types
 
     tc = front["service"].create_lora_training_client(base_model=front["model"], rank=8).result()
-    assert tc.get_info().model_data.model_name == front["model"]
+    info = tc.get_info()
+    assert (info.model_data.model_name, info.is_lora, info.lora_rank) == (front["model"], True, 8)
     tok = tc.get_tokenizer()  # the tokenizer resolves from the deployment's (local) model name
     pairs = [("where was the founder", " born"), ("answer:", " paris"), ("the quick brown", " fox jumps")]
     data = []
@@ -191,6 +194,8 @@ def test_bad_requests_are_answered_as_the_sdk_expects(front):
     service = front["service"]
     with pytest.raises(tinker.APIStatusError, match="not served here"):
         service.create_lora_training_client(base_model="Qwen/Qwen3-8B", rank=8).result()
+    with pytest.raises(tinker.APIStatusError, match=r"lora_config.rank=16 but this deployment trains LoRA rank 8"):
+        service.create_lora_training_client(base_model=front["model"], rank=16).result()
     tc = service.create_lora_training_client(base_model=front["model"], rank=8).result()
     data = _sft_data(tc.get_tokenizer())
     # a request the engine cannot run fails at its future: the SDK raises RequestFailedError, category user
