@@ -323,7 +323,9 @@ class TrainingWorker:
             torch.cuda.empty_cache()
         norm = self.engine.get_global_grad_norm()
         norm = float(norm) if norm is not None else float("nan")
-        return {"grad_norm": norm, "lr": float(self.scheduler.get_last_lr()[0])}
+        # With a caller's lr, the lr this step used; else the scheduler's (as before optim_params existed).
+        lr = params.get("lr", self.scheduler.get_last_lr()[0])
+        return {"grad_norm": norm, "lr": float(lr)}
 
     @_awake
     def zero_grad(self) -> None:

@@ -88,7 +88,7 @@ def test_a_supervised_loop_with_the_sdk_lowers_the_loss(front):
         fb = tc.forward_backward(data, "cross_entropy")
         opt = tc.optim_step(types.AdamParams(learning_rate=3e-3))
         losses.append(fb.result().metrics["loss:sum"])
-        opt.result()
+        assert opt.result().metrics["lr"] == pytest.approx(3e-3)  # the request's, not the deployment's 1e-5
     assert losses[-1] < 0.5 * losses[0], losses
     out = tc.forward(data, "cross_entropy").result()
     for d, o in zip(data, out.loss_fn_outputs):
