@@ -12,6 +12,7 @@ Shapes legend: B rows, T = P + R total columns, P prompt columns, R response col
   advantages       [B, R]   float   per-token advantages ([B] is accepted and broadcast)
   ref_log_prob     [B, R]   float   optional; reference policy log-probs (KL penalty)
   rollout_log_probs[B, R]   float   optional; sampler log-probs (decoupled / off-policy correction)
+  weights          [B, R]   float   optional; per-token loss weights (the Tinker losses' cross_entropy)
   uid              [B]      str     the prompt group of each row (a list of strings, or ints)
 
 Only the keys an op needs are required: `log_probs` needs input_ids, attention_mask, responses
@@ -29,7 +30,7 @@ from arctic_rl.errors import BatchFormatError
 
 Batch = dict[str, Any]
 
-FLOAT_KEYS = ("old_log_probs", "advantages", "ref_log_prob", "rollout_log_probs")
+FLOAT_KEYS = ("old_log_probs", "advantages", "ref_log_prob", "rollout_log_probs", "weights")
 INT_KEYS = ("input_ids", "attention_mask", "position_ids", "responses", "response_mask")
 LOG_PROBS_KEYS = ("input_ids", "attention_mask", "responses")
 TRAIN_KEYS = ("input_ids", "attention_mask", "responses", "response_mask")
@@ -75,6 +76,7 @@ def validate_batch(batch: Batch, required: Iterable[str] = LOG_PROBS_KEYS) -> tu
         "old_log_probs": (B, R),
         "ref_log_prob": (B, R),
         "rollout_log_probs": (B, R),
+        "weights": (B, R),
     }
     for key, shape in expect.items():
         if key in batch and tuple(batch[key].shape) != shape:

@@ -57,6 +57,39 @@ class ZorroTrainConfig(Strict):
     enable: bool = False
 
 
+class LoraConfig(Strict):
+    """LoRA adapters (PEFT) on the trainer's model: only the adapters train; the base weights stay frozen."""
+
+    rank: int = Field(..., gt=0, description="the adapters' rank r")
+    # None means 2*rank (scale alpha/rank = 2 at every rank), not PEFT's fixed default of 8, with which the
+    # update's scale would shrink as the rank grows.
+    alpha: float | None = Field(None, gt=0, description="scale numerator (scale = alpha/rank); default 2*rank")
+    dropout: float = Field(0.0, ge=0, lt=1, description="dropout on the adapters' input")
+    target_modules: list[str] | Literal["all-linear"] = Field(
+        "all-linear",
+        description="names (or name suffixes) of the linear modules that get adapters; 'all-linear': every "
+        "linear layer but the LM head",
+    )
+
+    @field_validator("target_modules")
+    @classmethod
+    def _some_modules(cls, v: list[str] | str) -> list[str] | str:
+        if isinstance(v, list) and (not v or any(not name for name in v)):
+            raise ValueError(f"target_modules={v!r}: name at least one module, no empty names (or 'all-linear')")
+        return v
+
+    @model_validator(mode="after")
+    def _default_alpha(self):
+        if self.alpha is None:
+            # Set through __dict__: assigning self.alpha would re-run this validator (validate_assignment).
+            self.__dict__["alpha"] = float(2 * self.rank)
+        return self
+
+    @property
+    def scale(self) -> float:
+        return float(self.alpha or 2 * self.rank) / self.rank
+
+
 class TrainingConfig(Strict):
     zero_stage: Literal[0, 1, 2, 3] = 1
     dtype: Literal["bfloat16", "float32"] = "bfloat16"
@@ -72,6 +105,18 @@ class TrainingConfig(Strict):
     micro_batch_size: int = Field(8, ge=1, description="rows per forward pass (prompt groups are never split)")
     chunk_tokens: int = Field(1024, ge=1, description="tokens per LM-head/log-softmax chunk")
     zorro_train: ZorroTrainConfig = ZorroTrainConfig()
+    lora: LoraConfig | None = Field(None, description="None: full-parameter training; else LoRA adapters only")
+
+    @model_validator(mode="after")
+    def _lora_below_zero3(self):
+        # Not built: the merged weights of a LoRA layer would need its base weight and both adapters gathered
+        # together; the adapters are small, so ZeRO-2 already partitions what LoRA trains.
+        if self.lora is not None and self.zero_stage == 3:
+            raise ValueError(
+                "training_config.lora with training_config.zero_stage=3 is not supported: "
+                "use zero_stage 0, 1 or 2 (the frozen base weights are not in the optimizer either way)"
+            )
+        return self
 
     @model_validator(mode="after")
     def _offload_needs_checkpointing(self):

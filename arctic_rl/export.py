@@ -12,6 +12,10 @@ the run's training dtype). Config, tokenizer and generation config come from the
 (model_name in arctic_rl.json, or --base), with the run's model_overrides (e.g. YaRN rope scaling) set in the
 config, so that whoever loads the folder computes what the trainer computed. The folder is written under a
 temporary name next to DIR and renamed into place: nothing half-written is left at DIR.
+
+A LoRA run (training_config.lora) checkpoints its adapters only: the export loads the base model, puts the
+adapters on it with the run's LoRA config and writes PEFT's merge (W + scale * B @ A) under the base model's
+names, a plain model folder that needs no PEFT to load.
 """
 
 from __future__ import annotations
@@ -68,12 +72,38 @@ def trained_state_dict(ckpt: Path) -> dict[str, torch.Tensor]:
     return {k[len(MODULE_PREFIX) :]: v for k, v in state.items()}
 
 
-def _write_folder(tmp: Path, base: str, overrides: dict, state: dict[str, torch.Tensor], dtype: torch.dtype) -> None:
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+def merged_lora_state(base: str, overrides: dict, lora: dict, adapters: dict[str, torch.Tensor]) -> dict:
+    """The base model's weights with the checkpoint's LoRA adapters merged in (PEFT's merge_and_unload)."""
+    from transformers import AutoModelForCausalLM
+
+    from arctic_rl.config import LoraConfig
+    from arctic_rl.engines.lora import apply_lora
+
+    model = AutoModelForCausalLM.from_pretrained(base, config=_hf_config(base, overrides), dtype=torch.float32)
+    wrapped = apply_lora(model, LoraConfig(**lora))
+    missing, unexpected = model.load_state_dict(adapters, strict=False)
+    missing = [k for k in missing if ".lora_" in k]  # the base weights come from `base`
+    if missing or unexpected:
+        raise ConfigError(
+            f"the checkpoint's adapters do not fit {base!r} with training_config.lora={lora}: "
+            f"missing {missing[:4]}, unexpected {unexpected[:4]}"
+        )
+    return wrapped.merge_and_unload().state_dict()
+
+
+def _hf_config(base: str, overrides: dict):
+    from transformers import AutoConfig
 
     config = AutoConfig.from_pretrained(base)
     for key, value in overrides.items():
         setattr(config, key, value)
+    return config
+
+
+def _write_folder(tmp: Path, base: str, overrides: dict, state: dict[str, torch.Tensor], dtype: torch.dtype) -> None:
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+
+    config = _hf_config(base, overrides)
     with torch.device("meta"):  # no random init of weights about to be replaced
         model = AutoModelForCausalLM.from_config(config, dtype=dtype)
     missing, unexpected = model.load_state_dict({k: v.to(dtype) for k, v in state.items()}, strict=False, assign=True)
@@ -107,6 +137,9 @@ def export(ckpt: str | Path, out: str | Path, *, dtype: str | None = None, base:
     if base.startswith((".", "/", "~")) and not Path(base).expanduser().exists():
         raise ConfigError(f"the run's base model {base!r} (config, tokenizer) is gone; give its folder with --base")
     state = trained_state_dict(ckpt)
+    lora = (cfg.get("training_config") or {}).get("lora")
+    if lora:
+        state = merged_lora_state(base, cfg.get("model_overrides") or {}, lora, state)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
     try:

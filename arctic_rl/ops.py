@@ -108,7 +108,13 @@ OPS: dict[str, Op] = {
             "dict[str, float]",
             "accumulates the loss's gradients over the batch; its metrics",
         ),
-        Op("optimizer_step", (), "dict[str, float]", 'applies the accumulated gradients; {"grad_norm", "lr", "step"}'),
+        Op(
+            "optimizer_step",
+            (Arg("optim_params", "dict | None", None),),
+            "dict[str, float]",
+            'applies the accumulated gradients; {"grad_norm", "lr", "step"}; optim_params (lr, betas, eps, '
+            "weight_decay) set the optimizer's hyper-parameters from this step on",
+        ),
         Op("sync_weights", (), "dict[str, float]", "trainer weights -> every sampler replica, checked exactly"),
         Op("update_reference", (), "dict[str, float]", "reference model := current policy"),
         Op(

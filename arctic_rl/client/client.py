@@ -74,9 +74,11 @@ class ArcticRLClient:
             post_processor=post_processor,
         )
 
-    def optimizer_step(self) -> dict[str, float]:
-        """Applies the accumulated gradients; returns {"grad_norm", "lr", "step"}."""
-        return self._call("optimizer_step")
+    def optimizer_step(self, optim_params: dict | None = None) -> dict[str, float]:
+        """Applies the accumulated gradients; returns {"grad_norm", "lr", "step"}. `optim_params` (any of lr,
+        betas, eps, weight_decay) set AdamW's hyper-parameters for this step and the next ones (lr: until the
+        deployment's scheduler sets it again)."""
+        return self._call("optimizer_step", optim_params=optim_params)
 
     def sync_weights(self) -> dict[str, float]:
         """Trainer weights -> every sampler replica, then checks they agree (norms and a log-prob probe)."""

@@ -28,6 +28,7 @@ import torch
 from arctic_rl.batch import Batch
 from arctic_rl.config import ArcticRLClientConfig, sampler_dtype
 from arctic_rl.engines.forward import response_log_probs
+from arctic_rl.engines.lora import apply_lora, policy_weights, trainable_parameters
 from arctic_rl.engines.model import accelerator, load_hf_model
 from arctic_rl.engines.offload import EngineSleeper, state_digest
 from arctic_rl.engines.startup import reports_start_failure
@@ -137,6 +138,7 @@ class TrainingWorker:
         self.engine: Any = None  # the DeepSpeed engine, made in setup()
         self.module: Any = None
         self.sleeper: EngineSleeper | None = None  # set while asleep
+        self.lora = False  # LoRA adapters on this worker's model (training_config.lora; never the reference)
         load_loss_modules(self.cfg.server.loss_modules)  # the names requests may use, as in the controller
 
     def rendezvous(self) -> tuple[str, int]:
@@ -173,6 +175,10 @@ class TrainingWorker:
             gradient_checkpointing=tc.gradient_checkpointing and self.trainable,
             offload_activations=tc.offload_activations,
         )
+        # The reference is the base model: it never gets adapters (it is deployed from the same weights).
+        self.lora = tc.lora is not None and self.trainable
+        if self.lora:
+            apply_lora(hf, tc.lora)  # in place: `hf` now holds the adapters, and only they require grad
         # ZeRO-3 over several ranks gathers the LM head's weight collectively on every head call: the ranks
         # must make the same number of chunked head calls.
         sync_chunk_count = tc.zero_stage == 3 and self.world_size > 1
@@ -204,7 +210,7 @@ class TrainingWorker:
         # would JIT-compile an op on every fresh node (nvcc or g++, about a minute) and fail where the
         # node's nvcc does not match torch's CUDA.
         opt = torch.optim.AdamW(
-            model.parameters(),
+            trainable_parameters(model),
             lr=oc.lr,
             betas=oc.betas,
             eps=oc.eps,
@@ -301,7 +307,12 @@ class TrainingWorker:
         return per_mb
 
     @_awake
-    def optimizer_step(self) -> dict[str, float]:
+    def optimizer_step(self, optim_params: dict | None = None) -> dict[str, float]:
+        # Set on the param groups before the step: DeepSpeed's step runs the optimizer, then the scheduler
+        # (which recomputes lr from its base for the next step; a caller that sets lr sets it every step).
+        params = {k: tuple(v) if k == "betas" else v for k, v in (optim_params or {}).items() if v is not None}
+        for group in self.optimizer.param_groups:
+            group.update(params)
         self.engine.set_gradient_accumulation_boundary(True)
         self.engine.backward(self._dummy_forward())
         self.engine.step()
@@ -312,7 +323,9 @@ class TrainingWorker:
             torch.cuda.empty_cache()
         norm = self.engine.get_global_grad_norm()
         norm = float(norm) if norm is not None else float("nan")
-        return {"grad_norm": norm, "lr": float(self.scheduler.get_last_lr()[0])}
+        # With a caller's lr, the lr this step used; else the scheduler's (as before optim_params existed).
+        lr = params.get("lr", self.scheduler.get_last_lr()[0])
+        return {"grad_norm": norm, "lr": float(lr)}
 
     @_awake
     def zero_grad(self) -> None:
@@ -359,12 +372,12 @@ class TrainingWorker:
 
         out: dict[str, torch.Tensor] = {}
         to = getattr(torch, dtype) if dtype else None
-        for name, p in self.module.model.named_parameters():
+        for name, (p, value) in policy_weights(self.module.model).items():
             if self.cfg.training_config.zero_stage == 3 and self.engine is not None:
                 with deepspeed.zero.GatheredParameters([p]):
-                    t = p.detach().to(to or p.dtype).cpu().clone() if self.rank == 0 else None
+                    t = value().to(to or p.dtype).cpu().clone() if self.rank == 0 else None
             else:
-                t = p.detach().to(to or p.dtype).cpu().clone() if self.rank == 0 else None
+                t = value().to(to or p.dtype).cpu().clone() if self.rank == 0 else None
             if t is not None:
                 out[name] = t
         return out if self.rank == 0 else None
@@ -374,18 +387,18 @@ class TrainingWorker:
         return self.cfg.training_config.zero_stage == 3 and self.engine is not None
 
     def _gathered_buckets(self, itemsize: int) -> Iterator[list[tuple[str, torch.Tensor]]]:
-        """The parameters in buckets of at most vllm_config.sync_bucket_mb (counted at `itemsize` bytes per
-        element), each gathered while it is being read. Under ZeRO-3 every rank must iterate to the end: the
-        gathers are collectives."""
+        """The policy's weights (merged, under the base model's names, with LoRA: engines.lora.policy_weights) in
+        buckets of at most vllm_config.sync_bucket_mb (counted at `itemsize` bytes per element), each gathered
+        while it is being read. Under ZeRO-3 every rank must iterate to the end: the gathers are collectives."""
         import deepspeed
 
-        params = dict(self.module.model.named_parameters())
+        weights = policy_weights(self.module.model)
         zero3 = self._zero3()
-        sizes = [(n, (p.ds_numel if zero3 else p.numel()) * itemsize) for n, p in params.items()]
+        sizes = [(n, (p.ds_numel if zero3 else p.numel()) * itemsize) for n, (p, _) in weights.items()]
         for names in plan_buckets(sizes, self.cfg.vllm_config.sync_bucket_mb << 20):
-            group = [params[n] for n in names]
+            group = [weights[n][0] for n in names]
             with deepspeed.zero.GatheredParameters(group) if zero3 else contextlib.nullcontext():
-                yield [(n, p.detach()) for n, p in zip(names, group)]
+                yield [(n, weights[n][1]()) for n in names]
 
     @_awake
     def stream_weights(self, samplers: list, load: bool = True, check: bool = True) -> dict | None:
@@ -404,7 +417,7 @@ class TrainingWorker:
         """Every rank calls it; rank 0 sends each bucket, in the training dtype, to the reference workers'
         `load_weight_bucket` (reference := current policy). A ZeRO-3 reference gathers each bucket on all its
         ranks and takes the values from its rank 0, so only that one receives the data."""
-        dtype = next(self.module.model.parameters()).dtype
+        dtype = next(iter(policy_weights(self.module.model).values()))[0].dtype
         shards = self.cfg.training_config.zero_stage == 3
 
         def send(ref, entries: list[Entry]) -> list:
@@ -500,13 +513,24 @@ class TrainingWorker:
     @_awake
     def save_checkpoint(self, path: str) -> str:
         t0 = time.time()
-        self.engine.save_checkpoint(path, tag="arctic-rl", client_state={"pending_backward": self._pending_backward})
+        # With LoRA the frozen base weights stay out: the checkpoint holds the adapters and their optimizer state
+        # (the base model is the run's model_name, which export and load read).
+        self.engine.save_checkpoint(
+            path,
+            tag="arctic-rl",
+            client_state={"pending_backward": self._pending_backward},
+            exclude_frozen_parameters=self.lora,
+        )
         return f"rank {self.rank} saved in {time.time() - t0:.1f}s"
 
     @_awake
     def load_checkpoint(self, path: str) -> None:
         load_path, _ = self.engine.load_checkpoint(
-            path, tag="arctic-rl", load_optimizer_states=True, load_lr_scheduler_states=True
+            path,
+            tag="arctic-rl",
+            load_optimizer_states=True,
+            load_lr_scheduler_states=True,
+            load_module_strict=not self.lora,  # a LoRA checkpoint holds the adapters only
         )
         if load_path is None:
             raise FileNotFoundError(f"no DeepSpeed checkpoint under {path!r} (tag 'arctic-rl')")

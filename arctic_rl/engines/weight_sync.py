@@ -20,6 +20,8 @@ from typing import Any
 import ray
 import torch
 
+from arctic_rl.engines.lora import policy_weights
+
 
 class SamplerGroupClient:
     """vLLM's `VLLMWeightSyncClient` protocol over our sampling actors (each fans out to its TP workers)."""
@@ -49,14 +51,15 @@ class SamplerGroupClient:
 
 
 def zero_source(module: torch.nn.Module, zero_stage: int):
-    """A vLLM `WeightSource` over a DeepSpeed module; ZeRO-3 parameters are gathered one at a time
+    """A vLLM `WeightSource` over a DeepSpeed module (the policy's weights: merged under the base names with
+    LoRA, see engines.lora); ZeRO-3 parameters are gathered one at a time
     (a collective: every trainer rank iterates in lockstep, which vLLM's engine does on non-senders)."""
     from vllm.distributed.weight_transfer.base import ParamMeta, WeightSource
 
     class _Source(WeightSource):
         def metadata(self) -> list[ParamMeta]:
             out = []
-            for name, p in module.named_parameters():
+            for name, (p, _) in policy_weights(module).items():
                 shape = tuple(p.ds_shape) if hasattr(p, "ds_shape") else tuple(p.shape)
                 out.append(ParamMeta(name, p.dtype, shape))
             return out
@@ -64,12 +67,12 @@ def zero_source(module: torch.nn.Module, zero_stage: int):
         def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
             import deepspeed
 
-            for name, p in module.named_parameters():
+            for name, (p, value) in policy_weights(module).items():
                 if zero_stage == 3:
                     with deepspeed.zero.GatheredParameters([p]):
-                        yield name, p.detach().clone()
+                        yield name, value().clone()
                 else:
-                    yield name, p.detach()
+                    yield name, value()
 
     return _Source()
 

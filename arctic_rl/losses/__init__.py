@@ -96,7 +96,7 @@ def _load_builtins() -> None:
     if _loaded:
         return
     _loaded = True
-    for mod in ("postprocess", "grpo", "sft"):
+    for mod in ("postprocess", "grpo", "sft", "tinker"):
         try:
             importlib.import_module(f"{__name__}.{mod}")
         except ModuleNotFoundError as e:

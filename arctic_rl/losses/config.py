@@ -171,3 +171,24 @@ def parse_loss_config(loss: str, config: dict | None, name: str = "loss_config")
     if config is not None and not isinstance(config, dict):
         raise ConfigError(f"{name} must be a mapping, got {type(config).__name__}")
     return parse(model, config or {}, name=name)
+
+
+class TinkerLossConfig(LossConfigBase):
+    """The Tinker built-in losses' `loss_fn_config` keys (arctic_rl/losses/tinker.py). Their losses are sums over
+    tokens, so the aggregation keys inherited from LossConfigBase are accepted and not used."""
+
+    clip_low_threshold: NonNegative = 0.8  # ppo / cispo: ratio clipped to [low, high]
+    clip_high_threshold: NonNegative = 1.2
+    beta: OptionalNonNegative = None  # dro: the quadratic penalty's weight (required there)
+
+    @model_validator(mode="after")
+    def _ordered(self):
+        if self.clip_low_threshold > self.clip_high_threshold:
+            raise ValueError(
+                f"clip_low_threshold={self.clip_low_threshold} must be <= clip_high_threshold={self.clip_high_threshold}"
+            )
+        return self
+
+
+TINKER_LOSSES = ("cross_entropy", "importance_sampling", "ppo", "cispo", "dro")
+LOSS_CONFIGS.update(dict.fromkeys(TINKER_LOSSES, TinkerLossConfig))

@@ -103,7 +103,8 @@ __all__ = [
     "parse_config",
 ]
 
-SUM_METRICS = frozenset({"actor/pg_loss", "actor/kl_loss", "actor/entropy", "actor/sft_loss"})
+# ("loss:sum": the Tinker losses' metric, arctic_rl/losses/tinker.py)
+SUM_METRICS = frozenset({"actor/pg_loss", "actor/kl_loss", "actor/entropy", "actor/sft_loss", "loss:sum"})
 LOG_RATIO_BOUND = 20.0  # verl clamps log-ratios to +-20 before exp (exp(20) ~ 5e8)
 GSPO_LOG_RATIO_MAX = 10.0
 

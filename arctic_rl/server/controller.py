@@ -239,9 +239,9 @@ class Controller:
         except (ValueError, KeyError, TypeError) as e:
             raise ConfigError(f"loss {loss_fn!r} rejected the request: {e}") from None
 
-    def optimizer_step(self) -> dict[str, float]:
+    def optimizer_step(self, optim_params: dict | None = None) -> dict[str, float]:
         with self._locked("training"):
-            outs = self._get([a.optimizer_step.remote() for a in self.trainers], "training")
+            outs = self._get([a.optimizer_step.remote(optim_params) for a in self.trainers], "training")
         self.step += 1
         return {**outs[0], "step": self.step}
 
@@ -388,15 +388,31 @@ class Controller:
         if not meta_path.is_file():
             raise ConfigError(f"not an arctic-rl checkpoint: {meta_path} does not exist")
         try:
-            step = int(json.loads(meta_path.read_text())["step"])
+            meta = json.loads(meta_path.read_text())
+            step = int(meta["step"])
         except (ValueError, KeyError, TypeError) as e:
             raise ConfigError(
                 f"{meta_path}: not a valid arctic-rl checkpoint record ({type(e).__name__}: {e})"
             ) from None
+        self._check_same_lora(meta, meta_path)
         with self._locked("training"):
             self._get([a.load_checkpoint.remote(path) for a in self.trainers], "training")
         self.step = step
         return {"path": path, "step": self.step}
+
+    def _check_same_lora(self, meta: dict, meta_path: Path) -> None:
+        """A LoRA checkpoint holds adapters only, and a full one no adapters: DeepSpeed would load either into
+        the other engine without a word (a LoRA engine loads its module non-strictly), so the configs must
+        agree."""
+        saved_cfg = meta.get("config") if isinstance(meta.get("config"), dict) else {}
+        saved = (saved_cfg.get("training_config") or {}).get("lora")
+        lora = self.cfg.training_config.lora
+        current = json.loads(lora.model_dump_json()) if lora is not None else None
+        if saved != current:
+            raise ConfigError(
+                f"{meta_path}: the checkpoint was saved with training_config.lora={saved}, this deployment "
+                f"runs training_config.lora={current}: load it into a deployment with the same LoRA config"
+            )
 
     def health(self) -> dict:
         engines: dict[str, dict] = {}

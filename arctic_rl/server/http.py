@@ -47,9 +47,27 @@ def _error(e: ArcticRLError) -> JSONResponse:
     return JSONResponse({"type": name, "message": str(e)}, status_code=e.http_status)
 
 
-def build_app(handle, cfg: ArcticRLClientConfig, on_shutdown=lambda: None) -> FastAPI:
+async def read_bytes(request: Request, max_body: int) -> bytes:
+    """The request's body, refused (TooLargeError) once it exceeds `max_body` bytes, whatever its header says."""
+    declared = request.headers.get("content-length")
+    if declared is not None and not declared.isdigit():
+        raise ProtocolError(f"bad content-length header {declared[:40]!r}")
+    if declared is not None and int(declared) > max_body:
+        raise TooLargeError(
+            f"request body of {declared} bytes exceeds the server's limit of {max_body} (server.max_body_bytes)"
+        )
+    body = bytearray()
+    async for chunk in request.stream():  # the header may lie (or be absent): count what arrives
+        body += chunk
+        if len(body) > max_body:
+            raise TooLargeError(f"request body exceeds the server's limit of {max_body} bytes (server.max_body_bytes)")
+    return bytes(body)
+
+
+def build_app(handle, cfg: ArcticRLClientConfig, on_shutdown=lambda: None, tinker: bool = False) -> FastAPI:
     """The app in front of the controller `handle`; `cfg` is the deployment's config (its server
-    section sets the limits and what names and paths requests may use)."""
+    section sets the limits and what names and paths requests may use). `tinker`: add the Tinker SDK's
+    API (arctic_rl/server/tinker_api.py) under /api/v1."""
     load_loss_modules(cfg.server.loss_modules)  # the names its checks accept are the controller's
     app = FastAPI(title="arctic-rl", version="0.1.0")
     token = cfg.auth_token
@@ -63,23 +81,10 @@ def build_app(handle, cfg: ArcticRLClientConfig, on_shutdown=lambda: None) -> Fa
             raise AuthError("missing or wrong bearer token (send 'Authorization: Bearer <token>')")
 
     async def read_body(request: Request) -> dict:
-        declared = request.headers.get("content-length")
-        if declared is not None and not declared.isdigit():
-            raise ProtocolError(f"bad content-length header {declared[:40]!r}")
-        if declared is not None and int(declared) > max_body:
-            raise TooLargeError(
-                f"request body of {declared} bytes exceeds the server's limit of {max_body} (server.max_body_bytes)"
-            )
-        body = bytearray()
-        async for chunk in request.stream():  # the header may lie (or be absent): count what arrives
-            body += chunk
-            if len(body) > max_body:
-                raise TooLargeError(
-                    f"request body exceeds the server's limit of {max_body} bytes (server.max_body_bytes)"
-                )
+        body = await read_bytes(request, max_body)
         if not body:
             return {}
-        kwargs = wire.decode(bytes(body))
+        kwargs = wire.decode(body)
         if not isinstance(kwargs, dict):
             raise ProtocolError(f"request body must encode a dict of arguments, got {type(kwargs).__name__}")
         return kwargs
@@ -117,6 +122,15 @@ def build_app(handle, cfg: ArcticRLClientConfig, on_shutdown=lambda: None) -> Fa
         message = f"unknown op {name!r:.60}; known: {sorted(ops.OPS)}"
         return JSONResponse({"type": "ProtocolError", "message": message}, status_code=404)
 
+    if tinker:
+        from arctic_rl.server import tinker_api
+
+        def call(op: str, kwargs: dict):  # what a /v1 route does with a request, without the wire
+            args = ops.OPS[op].bind(kwargs)
+            check_request(op, args, cfg)
+            return _call_controller(handle, op, args)
+
+        tinker_api.mount(app, cfg, call, lambda request: read_bytes(request, max_body))
     return app
 
 
@@ -169,6 +183,11 @@ def main(argv: list[str]) -> int:
         default=None,
         help=f"a file (mode 0600) holding the bearer token; default: the {TOKEN_ENV} environment variable",
     )
+    p.add_argument(
+        "--tinker",
+        action="store_true",
+        help="also serve the API of the official `tinker` SDK under /api/v1 (docs/tinker.md)",
+    )
     a = p.parse_args(argv)
     try:
         token = _read_token(a.token_file)
@@ -207,7 +226,7 @@ def main(argv: list[str]) -> int:
         if server is not None:
             server.should_exit = True
 
-    app = build_app(handle, cfg, on_shutdown=stop)
+    app = build_app(handle, cfg, on_shutdown=stop, tinker=a.tinker)
     print(f"ARCTIC_RL_CONFIG {cfg.to_json()}", flush=True)
     print(f"[arctic-rl] serving job {cfg.job_id} on http://{cfg.host}:{cfg.port}", flush=True)
     server = uvicorn.Server(uvicorn.Config(app, host=cfg.host, port=cfg.port, log_level="warning"))

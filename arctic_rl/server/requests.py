@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
 import torch
-from pydantic import BeforeValidator, ValidationInfo
+from pydantic import BeforeValidator, Field, ValidationInfo
 
 from arctic_rl.batch import FLOAT_KEYS, INT_KEYS, LOG_PROBS_KEYS, TRAIN_KEYS, BatchError, validate_batch
 from arctic_rl.config import ArcticRLClientConfig
@@ -116,6 +116,18 @@ class SamplingParams(Strict):
 
 
 SAMPLING_KEYS = frozenset(SamplingParams.model_fields)
+
+
+Unit = Annotated[float, Field(ge=0.0, lt=1.0, allow_inf_nan=False)]
+
+
+class OptimParams(Strict):
+    """optimizer_step's optim_params: AdamW's hyper-parameters (torch's names)."""
+
+    lr: float | None = Field(None, ge=0.0, allow_inf_nan=False)
+    betas: tuple[Unit, Unit] | None = None
+    eps: float | None = Field(None, gt=0.0, allow_inf_nan=False)
+    weight_decay: float | None = Field(None, ge=0.0, allow_inf_nan=False)
 
 
 def check_sampling_params(params: Any, cfg: ArcticRLClientConfig) -> dict:
@@ -271,5 +283,7 @@ def check_request(op: str, args: dict, cfg: ArcticRLClientConfig, vocab: int | N
                 raise ConfigError(f"sleep: argument 'level' applies to the sampling engine only, not {engine!r}")
     elif op == "update_reference" and not cfg.use_reference:
         raise ConfigError(_NO_REFERENCE.format(op="update_reference"))
+    elif op == "optimizer_step" and args.get("optim_params") is not None:
+        parse(OptimParams, args["optim_params"], name="optim_params")
     elif op in ("save_checkpoint", "load_checkpoint"):
         checkpoint_path(args.get("path"), cfg)

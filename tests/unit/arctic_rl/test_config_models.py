@@ -82,3 +82,42 @@ def test_a_zorro_inference_dict_is_checked_by_its_model():
     # a typo left ZoRRo Inference silently off before
     with pytest.raises(ConfigError, match=r"unknown zorro_inference key\(s\) \['enabel'\]; known: \['enable'"):
         vllm_engine_kwargs({"enabel": True}, "cpu")
+
+
+def test_lora_is_off_by_default_and_fills_alpha_from_the_rank():
+    assert ArcticRLClientConfig(model_name="org/m").training_config.lora is None
+    lora = ArcticRLClientConfig(model_name="org/m", training_config={"lora": {"rank": 16}}).training_config.lora
+    assert (lora.rank, lora.alpha, lora.dropout, lora.target_modules, lora.scale) == (16, 32.0, 0.0, "all-linear", 2.0)
+    cfg = ArcticRLClientConfig(
+        model_name="org/m", training_config={"lora": {"rank": 4, "alpha": 8, "target_modules": ["q_proj"]}}
+    )
+    assert ArcticRLClientConfig.from_json(cfg.to_json()).training_config.lora == cfg.training_config.lora
+
+
+def test_the_run_config_takes_lora_by_a_dotted_override():
+    cfg = load_run_config(REPO / "recipes/text2sql/configs/cpu_demo.yaml", ["backend.training_config.lora.rank=16"])
+    assert cfg.backend["training_config"]["lora"] == {"rank": 16}
+    assert cfg.client_config().training_config.lora.alpha == 32.0
+
+
+@pytest.mark.parametrize(
+    "lora, words",
+    [
+        ({"rank": 0}, ["training_config.lora.rank", "(got 0)"]),
+        ({"rank": 4, "dropout": 1.0}, ["training_config.lora.dropout", "(got 1.0)"]),
+        ({"rank": 4, "alpha": -1}, ["training_config.lora.alpha", "(got -1)"]),
+        ({"rank": 4, "target_modules": []}, ["training_config.lora.target_modules", "[]"]),
+        ({"rank": 4, "target_modules": "all"}, ["training_config.lora.target_modules", "'all'"]),
+        ({"rank": 4, "rnak": 4}, ["training_config.lora.rnak", "allowed: rank, alpha, dropout, target_modules"]),
+    ],
+)
+def test_a_bad_lora_config_names_the_field_and_the_value(lora, words):
+    with pytest.raises(ConfigError) as e:
+        ArcticRLClientConfig(model_name="org/m", training_config={"lora": lora})
+    assert all(w in str(e.value) for w in words), str(e.value)
+
+
+def test_lora_with_zero3_is_refused_naming_both_and_the_fix():
+    with pytest.raises(ConfigError) as e:
+        ArcticRLClientConfig(model_name="org/m", training_config={"zero_stage": 3, "lora": {"rank": 4}})
+    assert all(w in str(e.value) for w in ["training_config.lora", "zero_stage=3", "zero_stage 0, 1 or 2"])

@@ -101,7 +101,8 @@ def run(model, batch, zorro: bool, **kw):
     out = response_log_probs(model, batch, zorro=zorro, pp_config={"compute_entropy": True}, chunk_tokens=7, **kw)
     loss = toy_loss(out, batch)
     loss.backward()
-    grads = {n: p.grad.detach().clone() for n, p in model.named_parameters()}
+    grads = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
+    assert all(p.grad is None for p in model.parameters() if not p.requires_grad)
     return {k: v.detach() for k, v in out.items()}, loss.detach(), grads
 
 
@@ -244,3 +245,23 @@ def test_exact_with_gradient_checkpointing(name):
     assert_same(model, make_batch(MIXED, P=12, R=6, seed=6))
     # the same model still runs plain forwards with its own attention
     assert_same(model, make_batch(MIXED, P=12, R=6, seed=7))
+
+
+@pytest.mark.parametrize("checkpointing", [False, True], ids=["plain", "grad-checkpointing"])
+def test_exact_with_lora_adapters(checkpointing):
+    # The engine's own injection (PEFT, in place): only the adapters have gradients, and ZoRRo's equal the
+    # naive batch's. PEFT starts B at zero, which would leave A without gradient: B is drawn at random.
+    from arctic_rl.config import LoraConfig
+    from arctic_rl.engines.lora import adapted_layers, apply_lora
+
+    model = tiny_model("qwen3", seed=8)
+    if checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    apply_lora(model, LoraConfig(rank=4))
+    torch.manual_seed(8)
+    for layer in adapted_layers(model).values():
+        torch.nn.init.normal_(layer.lora_B["default"].weight, std=0.02)
+    model.train()
+    trainable = {n for n, p in model.named_parameters() if p.requires_grad}
+    assert trainable and all(".lora_A." in n or ".lora_B." in n for n in trainable)
+    assert_same(model, make_batch(MIXED, P=12, R=6, seed=8))
