@@ -13,24 +13,34 @@ holds the policy the trainer computes.
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
+from typing import TYPE_CHECKING
 
 import torch
 
 from arctic_rl.config import LoraConfig
+
+if TYPE_CHECKING:
+    from peft import PeftModel
 from arctic_rl.errors import ConfigError
 
 ADAPTER = "default"  # PEFT's adapter name; the trainer holds one adapter
 
 
-def apply_lora(model: torch.nn.Module, lora: LoraConfig) -> torch.nn.Module:
+def apply_lora(model: torch.nn.Module, lora: LoraConfig) -> PeftModel:
     """`model` with LoRA adapters injected in place; only the adapters require grad. Returns the PeftModel
     (for disable_adapter); the HF model is `.get_base_model()`, the same object as `model`."""
     import peft
     from peft.tuners.lora import Linear
 
     target = lora.target_modules if isinstance(lora.target_modules, str) else list(lora.target_modules)
+    alpha = lora.alpha if lora.alpha is not None else 2 * lora.rank  # LoraConfig fills it in; for the type
     cfg = peft.LoraConfig(
-        r=lora.rank, lora_alpha=lora.alpha, lora_dropout=lora.dropout, target_modules=target, bias="none"
+        r=lora.rank,
+        lora_alpha=alpha,  # type: ignore[arg-type]  # PEFT annotates int; it only divides by the rank
+        lora_dropout=lora.dropout,
+        target_modules=target,
+        bias="none",
     )
     try:
         wrapped = peft.get_peft_model(model, cfg)
@@ -51,7 +61,7 @@ def adapted_layers(model: torch.nn.Module) -> dict[str, torch.nn.Module]:
         from peft.tuners.lora import LoraLayer
     except ImportError:  # an environment without PEFT trains no adapters
         return {}
-    return {name: m for name, m in model.named_modules() if isinstance(m, LoraLayer)}
+    return {name: m for name, m in model.named_modules() if isinstance(m, LoraLayer)}  # type: ignore[misc]
 
 
 def has_lora(model: torch.nn.Module) -> bool:
@@ -80,11 +90,12 @@ def policy_weights(model: torch.nn.Module) -> dict[str, tuple[torch.nn.Parameter
         module, _, leaf = name.rpartition(".")
         owner = module.removesuffix(".base_layer")
         if owner != module and owner in layers:
-            layer = layers[owner]
-            value = (lambda layer=layer: merged_weight(layer)) if leaf == "weight" else (lambda p=p: p.detach())
+            value: Callable[[], torch.Tensor] = (
+                partial(merged_weight, layers[owner]) if leaf == "weight" else partial(torch.Tensor.detach, p)
+            )
             out[f"{owner}.{leaf}"] = (p, value)
         else:
-            out[name] = (p, lambda p=p: p.detach())
+            out[name] = (p, partial(torch.Tensor.detach, p))
     return out
 
 

@@ -177,7 +177,7 @@ class TrainingWorker:
         )
         # The reference is the base model: it never gets adapters (it is deployed from the same weights).
         self.lora = tc.lora is not None and self.trainable
-        if self.lora:
+        if tc.lora is not None and self.trainable:
             apply_lora(hf, tc.lora)  # in place: `hf` now holds the adapters, and only they require grad
         # ZeRO-3 over several ranks gathers the LM head's weight collectively on every head call: the ranks
         # must make the same number of chunked head calls.
@@ -394,7 +394,8 @@ class TrainingWorker:
 
         weights = policy_weights(self.module.model)
         zero3 = self._zero3()
-        sizes = [(n, (p.ds_numel if zero3 else p.numel()) * itemsize) for n, (p, _) in weights.items()]
+        numel = (lambda p: p.ds_numel) if zero3 else (lambda p: p.numel())  # ZeRO-3: the full size, not the partition
+        sizes = [(n, numel(p) * itemsize) for n, (p, _) in weights.items()]
         for names in plan_buckets(sizes, self.cfg.vllm_config.sync_bucket_mb << 20):
             group = [weights[n][0] for n in names]
             with deepspeed.zero.GatheredParameters(group) if zero3 else contextlib.nullcontext():

@@ -404,8 +404,8 @@ class Controller:
         """A LoRA checkpoint holds adapters only, and a full one no adapters: DeepSpeed would load either into
         the other engine without a word (a LoRA engine loads its module non-strictly), so the configs must
         agree."""
-        saved_cfg = meta.get("config") if isinstance(meta.get("config"), dict) else {}
-        saved = (saved_cfg.get("training_config") or {}).get("lora")
+        saved_cfg = meta.get("config")
+        saved = ((saved_cfg if isinstance(saved_cfg, dict) else {}).get("training_config") or {}).get("lora")
         lora = self.cfg.training_config.lora
         current = json.loads(lora.model_dump_json()) if lora is not None else None
         if saved != current:

@@ -26,12 +26,14 @@ from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ValidationError
 from tinker import types
 from tinker.types.checkpoint import ParsedCheckpointTinkerPath
+from tinker.types.try_again_response import TryAgainResponse
 
 from arctic_rl.config import ArcticRLClientConfig
 from arctic_rl.errors import ArcticRLError, AuthError, ConfigError, ProtocolError, UnknownNameError
@@ -81,7 +83,7 @@ class State:
 class TinkerFront:
     """The routes' state and work. `call(op, args)` runs an op with the checks of the /v1 routes."""
 
-    def __init__(self, cfg: ArcticRLClientConfig, call: Callable[[str, dict], object]):
+    def __init__(self, cfg: ArcticRLClientConfig, call: Callable[[str, dict], Any]):
         self.cfg, self.call = cfg, call
         self.state = State()
         self.lock = threading.Lock()  # State is read by the routes (event loop) and written by the workers
@@ -106,8 +108,8 @@ class TinkerFront:
         try:
             result = await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(fut)), FUTURE_WAIT_S)
         except TimeoutError:
-            body = types.TryAgainResponse(request_id=request_id, queue_state="active")
-            return JSONResponse(body.model_dump(mode="json"))
+            again = TryAgainResponse(request_id=request_id, queue_state="active")
+            return JSONResponse(again.model_dump(mode="json"))
         except ArcticRLError as e:
             category = types.RequestErrorCategory.User if e.http_status < 500 else types.RequestErrorCategory.Server
             return JSONResponse(types.RequestFailedResponse(error=str(e), category=category).model_dump(mode="json"))
@@ -304,7 +306,7 @@ def _parse(model: type[BaseModel], body: bytes, what: str):
 def mount(
     app: FastAPI,
     cfg: ArcticRLClientConfig,
-    call: Callable[[str, dict], object],
+    call: Callable[[str, dict], Any],
     read_body: Callable,
 ) -> TinkerFront:
     """Adds the Tinker routes to `app`. `call(op, args)` runs an op with the /v1 routes' checks; `read_body`

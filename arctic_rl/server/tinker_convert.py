@@ -16,6 +16,7 @@ Legend: B rows, N targets of a datum, P prompt columns, R response columns.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -112,7 +113,9 @@ def to_batch(data: list[types.Datum], loss_fn: str, shared: bool) -> Rows:
     check_loss_fn(loss_fn)
     if not data:
         raise BatchFormatError("data is empty: forward_backward needs at least one Datum")
-    seqs, vals, plens = [], [], []
+    seqs: list[list[int]] = []
+    vals: list[dict[str, Any]] = []
+    plens: list[int] = []
     for i, d in enumerate(data):
         x = d.model_input.to_ints()
         n = len(x)
@@ -145,8 +148,8 @@ def to_batch(data: list[types.Datum], loss_fn: str, shared: bool) -> Rows:
         r = len(s) - p
         ids[i, P - p : P + r] = torch.tensor(s, dtype=torch.long)
         attn[i, P - p : P + r] = 1
-        for key, x in v.items():
-            extra[key][i, :r] = torch.from_numpy(x[p - 1 :])
+        for key, vec in v.items():
+            extra[key][i, :r] = torch.from_numpy(vec[p - 1 :])
         uid.append(groups.setdefault(tuple(s[:p]) if shared else (i,), len(groups)))
     batch: Batch = {
         "input_ids": ids,
@@ -198,13 +201,13 @@ def sampling_params(sp: types.SamplingParams, num_samples: int) -> dict:
     if isinstance(stop, str):
         out["stop"] = [stop]
     elif stop is not None:
-        stop = list(stop)
-        if not stop:  # Tinker: [] disables every stop, EOS included
+        stops = list(stop)
+        if not stops:  # Tinker: [] disables every stop, EOS included
             out["ignore_eos"] = True
-        elif all(isinstance(s, str) for s in stop):
-            out["stop"] = stop
-        elif all(isinstance(s, int) for s in stop):
-            out["stop_token_ids"] = stop
+        elif all(isinstance(s, str) for s in stops):
+            out["stop"] = stops
+        elif all(isinstance(s, int) for s in stops):
+            out["stop_token_ids"] = stops
         else:
             raise BatchFormatError("sampling_params.stop must be strings or token ids, not a mix")
     return out
