@@ -1,5 +1,5 @@
 """Weight sync: seconds per sync and the peak extra resident memory of every process involved (controller,
-trainer, reference, sampler), the bucketed streaming sync (`sync_weights`, vllm_config.sync_bucket_mb) vs the
+trainer, sampler: no reference is deployed, a sync never touches it), the bucketed streaming sync (`sync_weights`, vllm_config.sync_bucket_mb) vs the
 whole-model path it replaced (the controller's `sync_weights_whole_model`, kept for this comparison), in the
 same run, for the demo model (SmolLM2-135M) and synthetic float32 Llamas of 250M and 1B parameters.
 
@@ -105,10 +105,12 @@ def deploy(model: Path, bucket_mb: int):
     from arctic_rl import ArcticRLClientConfig, create_arctic_rl_client
 
     # float32, ZeRO stage 0: no optimizer state or flat fp32 copy is made before a step, so the 1B model
-    # fits three times (trainer, reference, sampler) in a small machine's memory.
+    # fits twice (trainer, sampler) in a small machine's memory. A sync does not involve the reference, so
+    # none is deployed (loading a third copy would only cost time and memory).
     return create_arctic_rl_client(
         ArcticRLClientConfig(
             model_name=str(model),
+            use_reference=False,
             training_config={"dtype": "float32", "zero_stage": 0, "micro_batch_size": 1},
             vllm_config={"max_seq_len": 256, "sync_bucket_mb": bucket_mb, "max_num_seqs": 4},
         )

