@@ -74,6 +74,7 @@ SETUP_TAGS = (
 FRAMEWORK_ARCTIC = "arctic-rl"
 FRAMEWORK_VERL = "verl"
 FRAMEWORK_SKYRL = "skyrl"
+FRAMEWORK_TRL = "trl"  # TRL's own GRPOTrainer (benchmarks/vs_trl.py)
 BACKEND_ARCTIC = "arctic-rl"
 BACKEND_NATIVE = "native"
 
