@@ -604,6 +604,10 @@ def main() -> None:
     report = Report.start("vs_trl", "TRL's GRPOTrainer vs arctic-rl run: text2sql CPU workload, end to end", args)
     report.note(__doc__.split("\n\n", 1)[1].split("\n    python")[0])
     report.add("workload (both sides)", **{k: v for k, v in asdict(w).items() if k != "recipe_options"})
+    if args.steps is not None:
+        report.note(
+            f"**Fewer steps**: {w.steps} GRPO steps (--steps), not the config's {run_config(args.quick).train.steps}."
+        )
     print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores; TRL generation: {TRL_GENERATION}")
 
     results: dict[str, SideResult] = {}
