@@ -48,6 +48,7 @@ rolling mean) to one PNG beside the report.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import sys
@@ -611,6 +612,7 @@ def main() -> None:
     print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores; TRL generation: {TRL_GENERATION}")
 
     results: dict[str, SideResult] = {}
+    args.out.mkdir(parents=True, exist_ok=True)
     for side in sides:  # one after the other: each side has the machine to itself (but for other users)
         print(f"\n== {side} ==", flush=True)
         if side == "arctic-rl":
@@ -620,6 +622,8 @@ def main() -> None:
             r.run_id = log_trl_mlflow(r, w, trl_config(w, args.out / "trl"))
             results[side] = r
         print(f"{side}: {results[side].wall_s:.1f}s end to end, mlflow run {results[side].run_id}", flush=True)
+        # kept as soon as a side is done: a later failure (another job taking the machine's memory) loses only the rest
+        (args.out / f"{side}.json").write_text(json.dumps(asdict(results[side])))
 
     print("\nseconds per step (median over the steps after the first):")
     ratios = summarize(results, report)
