@@ -42,3 +42,4 @@ bench: setup
 	$(PY) benchmarks/cascade_attention.py
 	$(PY) benchmarks/weight_sync.py
 	$(PY) benchmarks/vs_verl.py
+	$(PY) benchmarks/vs_trl.py

@@ -13,7 +13,7 @@ Speedup = native median / arctic-rl median (above 1: arctic-rl is faster), per p
 (`step`), only between groups of the same recipe and setup: a baseline with another setup is refused
 with a line naming each field that differs and both values. The baseline of `verl + arctic-rl` is
 native verl, of `skyrl + arctic-rl` native SkyRL, and of the arctic-rl reference loop native verl (else
-native SkyRL). Writes compare.csv and compare.png to --out.
+native SkyRL, else TRL's own GRPOTrainer: benchmarks/vs_trl.py). Writes compare.csv and compare.png to --out.
 
 Phase names are verl's (`timing_s/<phase>`). SkyRL's trainer logs `timing/<Timer name>` and times the
 policy and reference forward passes as one (`fwd_logprobs_values_reward`), so the table also has
@@ -37,6 +37,7 @@ from arctic_rl.tracking import (
     BACKEND_NATIVE,
     FRAMEWORK_ARCTIC,
     FRAMEWORK_SKYRL,
+    FRAMEWORK_TRL,
     FRAMEWORK_VERL,
     PERF_THROUGHPUT,
     PERF_TOTAL_NUM_TOKENS,
@@ -293,7 +294,9 @@ def baseline_frameworks(row: GroupRow) -> tuple[str, ...]:
     """The native frameworks an arctic-rl row is measured against, in order of preference."""
     if row.backend != BACKEND_ARCTIC:
         return ()
-    return (FRAMEWORK_VERL, FRAMEWORK_SKYRL) if row.framework == FRAMEWORK_ARCTIC else (row.framework,)
+    if row.framework == FRAMEWORK_ARCTIC:
+        return (FRAMEWORK_VERL, FRAMEWORK_SKYRL, FRAMEWORK_TRL)
+    return (row.framework,)
 
 
 def baseline_for(row: GroupRow, rows: Sequence[GroupRow]) -> GroupRow | None:

@@ -334,7 +334,9 @@ def run(
         tracker.end(status)
         if own_client:
             client.shutdown()
-    plot = tracking.plot_rewards(state.rewards, ckpt_root / "reward_curve.png", title=cfg.recipe.name)
+    plot = tracking.plot_rewards(
+        state.rewards, ckpt_root / "reward_curve.png", title=cfg.recipe.name, evals=evals.accuracy()
+    )
     result = RunResult(
         history,
         state.rewards,

@@ -74,6 +74,7 @@ SETUP_TAGS = (
 FRAMEWORK_ARCTIC = "arctic-rl"
 FRAMEWORK_VERL = "verl"
 FRAMEWORK_SKYRL = "skyrl"
+FRAMEWORK_TRL = "trl"  # TRL's own GRPOTrainer (benchmarks/vs_trl.py)
 BACKEND_ARCTIC = "arctic-rl"
 BACKEND_NATIVE = "native"
 
@@ -283,19 +284,90 @@ def save_figure(fig, path, dpi: int = 100):
     return path
 
 
-def plot_rewards(rewards: list[float], path: Path, title: str = "") -> Path | None:
-    """The reward curve (critic/rewards/mean per step) as a PNG at `path`; None without rewards."""
-    if not rewards:
+ROLLING_WINDOW = 3  # steps in the reward curve's rolling mean: a step's reward swings with the prompts it drew
+
+
+def rolling_mean(values: list[float], window: int = ROLLING_WINDOW) -> list[float]:
+    """The trailing mean of up to `window` values ending at each position (the first ones average fewer)."""
+    if window < 1:
+        raise ValueError(f"rolling_mean: window={window!r}, expected an integer >= 1")
+    return [sum(values[max(0, i + 1 - window) : i + 1]) / (i + 1 - max(0, i + 1 - window)) for i in range(len(values))]
+
+
+def draw_reward_curve(
+    ax,
+    rewards: list[float],
+    *,
+    evals: Mapping[int, float] | None = None,
+    label: str = "",
+    color: str | None = None,
+    window: int = ROLLING_WINDOW,
+) -> dict[str, Any]:
+    """Draws one run on `ax`: the per-step reward (critic/rewards/mean, step 1..N) as thin points, its rolling
+    mean as a thick line, and the eval accuracy of `evals` ({step: accuracy}, the loop's eval_accuracy) as
+    squares on the same axis; step -1 (before the SFT warm-up) is drawn hollow at step 0. Returns the artists
+    by series ("reward", "rolling", "eval", "eval_before_sft"; absent when not drawn)."""
+    prefix = f"{label}: " if label else ""
+    steps = list(range(1, len(rewards) + 1))
+    raw = ax.plot(steps, rewards, marker="o", ms=3, lw=0.8, alpha=0.45, color=color, label=f"{prefix}reward per step")[
+        0
+    ]
+    color = raw.get_color()
+    artists: dict[str, Any] = {"reward": raw}
+    artists["rolling"] = ax.plot(
+        steps, rolling_mean(rewards, window), lw=2.2, color=color, label=f"{prefix}rolling mean ({window} steps)"
+    )[0]
+    evals = dict(evals or {})
+    after = sorted((s, a) for s, a in evals.items() if s >= 0)
+    if after:
+        artists["eval"] = ax.scatter(
+            [s for s, _ in after],
+            [a for _, a in after],
+            marker="s",
+            s=40,
+            color=color,
+            zorder=3,
+            label=f"{prefix}eval accuracy",
+        )
+    if -1 in evals:
+        artists["eval_before_sft"] = ax.scatter(
+            [0],
+            [evals[-1]],
+            marker="s",
+            s=40,
+            facecolors="none",
+            edgecolors=color,
+            zorder=3,
+            label=f"{prefix}eval accuracy before the SFT warm-up",
+        )
+    return artists
+
+
+def plot_reward_runs(
+    runs: Mapping[str, tuple[list[float], Mapping[int, float] | None]], path: Path, title: str = ""
+) -> Path | None:
+    """One PNG at `path` with every run's reward curve ({label: (rewards, evals)}) on one axis; None if no
+    run has a reward."""
+    if not any(rewards for rewards, _ in runs.values()):
         return None
     import matplotlib
 
-    matplotlib.use("Agg")
+    matplotlib.use("Agg")  # no display on clusters and CI
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(6, 3.5))
-    ax.plot(range(1, len(rewards) + 1), rewards, marker="o", ms=3)
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for label, (rewards, evals) in runs.items():
+        draw_reward_curve(ax, rewards, evals=evals, label=label if len(runs) > 1 else "")
     ax.set_xlabel("step")
-    ax.set_ylabel(REWARD_MEAN)
+    ax.set_ylabel(f"{REWARD_MEAN} / eval accuracy")
     ax.set_title(f"reward curve {title}".strip())
     ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
     return save_figure(fig, path)
+
+
+def plot_rewards(
+    rewards: list[float], path: Path, title: str = "", evals: Mapping[int, float] | None = None
+) -> Path | None:
+    """The loop's reward curve as a PNG at `path` (draw_reward_curve); None without rewards."""
+    return plot_reward_runs({"": (rewards, evals)}, path, title)

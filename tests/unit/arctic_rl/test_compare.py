@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from repo_paths import REPO
 
-from arctic_rl import compare
+from arctic_rl import compare, tracking
 from arctic_rl.tracking import (
     BACKEND_ARCTIC,
     FRAMEWORK_ARCTIC,
@@ -270,3 +270,14 @@ def test_a_setup_nobody_logged_is_not_comparable() -> None:
     assert compare.refusals(rows) == [
         "not comparing arctic-rl loop with verl (native) on x: setups differ in n: ? (not logged) vs ? (not logged)"
     ]
+
+
+def test_the_loop_is_measured_against_trl_when_there_is_no_verl_or_skyrl_run() -> None:
+    runs = [
+        compare.RunTimings("a", "x", FRAMEWORK_ARCTIC, BACKEND_ARCTIC, dict(SETUP), {"step": {1: 9.0, 2: 1.0}}),
+        compare.RunTimings("b", "x", tracking.FRAMEWORK_TRL, "native", dict(SETUP), {"step": {1: 9.0, 2: 4.0}}),
+    ]
+    loop, trl = sorted(compare.summarize(runs), key=lambda r: r.framework)
+    assert (loop.framework, trl.label) == (FRAMEWORK_ARCTIC, "trl (native)")
+    assert compare.baseline_for(loop, [loop, trl]) is trl
+    assert compare.speedups(loop, trl)["step"] == 4.0

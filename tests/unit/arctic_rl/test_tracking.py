@@ -71,3 +71,31 @@ def test_requeued_job_continues_its_run(uri: str, monkeypatch: pytest.MonkeyPatc
 def test_empty_experiment_is_refused(uri: str) -> None:
     with pytest.raises(ValueError, match="experiment=''"):
         Tracker.start("")
+
+
+def test_reward_curve_draws_per_step_rolling_mean_and_evals() -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots()
+    rewards = [0.0, 0.3, 0.6, 0.3, 0.9]
+    drawn = tracking.draw_reward_curve(ax, rewards, evals={-1: 0.05, 0: 0.1, 5: 0.25}, window=3)
+    plt.close(fig)
+    assert list(drawn["reward"].get_xdata()) == [1, 2, 3, 4, 5]
+    assert list(drawn["reward"].get_ydata()) == rewards
+    assert list(drawn["rolling"].get_xdata()) == [1, 2, 3, 4, 5]
+    assert drawn["rolling"].get_ydata() == pytest.approx([0.0, 0.15, 0.3, 0.4, 0.6])
+    assert drawn["eval"].get_offsets().tolist() == [[0.0, 0.1], [5.0, 0.25]]
+    assert drawn["eval_before_sft"].get_offsets().tolist() == [[0.0, 0.05]]
+    assert drawn["rolling"].get_color() == drawn["reward"].get_color()  # one run, one colour
+
+
+def test_reward_curve_png_has_every_run_and_none_without_rewards(tmp_path: Path) -> None:
+    path = tracking.plot_reward_runs({"a": ([0.1, 0.2], {0: 0.0}), "b": ([0.3], None)}, tmp_path / "curve.png")
+    assert path == tmp_path / "curve.png" and path.read_bytes()[:4] == b"\x89PNG"
+    assert [p.name for p in tmp_path.iterdir()] == ["curve.png"]  # no temporary file left behind
+    assert tracking.plot_rewards([], tmp_path / "none.png") is None
+    with pytest.raises(ValueError, match="window=0"):
+        tracking.rolling_mean([1.0], window=0)
