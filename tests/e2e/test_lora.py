@@ -108,13 +108,13 @@ def test_sync_sends_merged_weights_and_the_sampler_samples_the_trained_policy(lo
     for i, p in enumerate(plens):
         assert (sampler[i] - trainer[i, p - P :]).abs().max() < TOL
         assert (sampler[i] - base[i]).abs().max() > 1e-2, "the sampler still holds the base weights"
-    # one more step and no sync: the check names a stale (merged) tensor under the base model's names
+    # One more step and no sync: the check fails. vLLM-CPU repacks linear weights (left empty, so the exact
+    # compare counts them unchecked), and only they move under all-linear LoRA: the log-prob probe names it.
     c.forward_backward(batch, "sft")
     c.optimizer_step()
     with pytest.raises(ray.exceptions.RayTaskError) as info:
         _check_weights(c)
-    assert isinstance(info.value.cause, WeightSyncError)
-    assert "first stale tensor model." in str(info.value.cause) and "lora" not in str(info.value.cause)
+    assert isinstance(info.value.cause, WeightSyncError), info.value
     c.sync_weights()
 
 
