@@ -10,7 +10,7 @@ from it, read back, and the run refuses to start unless both read back to the sa
 (tests/unit/test_vs_trl.py checks it too).
   arctic-rl   arctic_rl.loop.run on the run config, what `arctic-rl run` calls: engines in Ray (DeepSpeed
               trainer with ZoRRo Train, vLLM-CPU sampler), rewards in a process pool
-  trl         trl 1.16.0's GRPOTrainer on one process (the `bench` extra), model loaded in fp32 and trained
+  trl         trl 1.16.0's GRPOTrainer on one process (from .venv/trl-bench, off the main path), model loaded in fp32 and trained
               with bf16 autocast (TRL's default bf16=True), gradient checkpointing off (TRL's default turns
               it on to save memory, which would add a forward), the recipe's reward as a TRL reward
               function calling the same scorer (arctic_rl.rewards.score_all: the same process pool)
