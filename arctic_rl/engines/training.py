@@ -176,9 +176,10 @@ class TrainingWorker:
             offload_activations=tc.offload_activations,
         )
         # The reference is the base model: it never gets adapters (it is deployed from the same weights).
-        self.lora = tc.lora is not None and self.trainable
-        if tc.lora is not None and self.trainable:
-            apply_lora(hf, tc.lora)  # in place: `hf` now holds the adapters, and only they require grad
+        lora = tc.lora if self.trainable else None
+        self.lora = lora is not None
+        if lora is not None:
+            apply_lora(hf, lora)  # in place: `hf` now holds the adapters, and only they require grad
         # ZeRO-3 over several ranks gathers the LM head's weight collectively on every head call: the ranks
         # must make the same number of chunked head calls.
         sync_chunk_count = tc.zero_stage == 3 and self.world_size > 1

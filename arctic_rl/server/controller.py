@@ -407,7 +407,7 @@ class Controller:
         saved_cfg = meta.get("config")
         saved = ((saved_cfg if isinstance(saved_cfg, dict) else {}).get("training_config") or {}).get("lora")
         lora = self.cfg.training_config.lora
-        current = json.loads(lora.model_dump_json()) if lora is not None else None
+        current = lora.model_dump(mode="json") if lora is not None else None  # as the record holds it
         if saved != current:
             raise ConfigError(
                 f"{meta_path}: the checkpoint was saved with training_config.lora={saved}, this deployment "
