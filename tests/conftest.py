@@ -21,6 +21,26 @@ sys.path.insert(0, str(Path(__file__).parent))
 from tiny_models import make_tiny_model  # noqa: E402
 
 RAY = str(Path(sys.executable).parent / "ray")
+# The suite's peak on disk: the 1B weight-sync test's model (4 GB, removed after it), Ray's and vLLM's session
+# files, and the tiny models, checkpoints and stores of the tests running at that time.
+FREE_DISK_GIB = 8
+
+
+def pytest_sessionstart(session) -> None:
+    """Refuse to start on a disk that cannot hold the suite: a run that fills it fails far from the cause
+    (a save that says `No space left on device`, a Slurm job that just says FAILED)."""
+    import tempfile
+
+    if all(str(arg).startswith("tests/unit") for arg in session.config.args):
+        return  # unit tests alone write little
+    tmp = tempfile.gettempdir()
+    free = shutil.disk_usage(tmp).free / 2**30
+    if free < FREE_DISK_GIB:
+        pytest.exit(
+            f"{tmp} has {free:.1f} GiB free; the end-to-end tests need {FREE_DISK_GIB} GiB. Free some (old clones, "
+            "model caches) or point TMPDIR at a larger disk.",
+            returncode=3,
+        )
 
 
 @pytest.fixture(scope="session")

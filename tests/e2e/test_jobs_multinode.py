@@ -202,7 +202,12 @@ def test_torchx_two_nodes(cluster, store: MlflowClient, size: list[str]) -> None
     match = re.search(r"slurm://[^/\s]+/(\d+)", log)
     assert out.returncode == 0 and match, log[-3000:]
     state = wait_state(match.group(1), {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL"}, JOB_TIMEOUT_S)
-    assert state == "COMPLETED", log[-3000:]
+    # torchx's Slurm scheduler writes each node's output beside the submit (slurm-<job>-node-<i>.err/.out)
+    node_logs = "".join(
+        f"\n--- {p.name}\n{p.read_text(errors='replace')[-3000:]}"
+        for p in sorted(REPO.glob(f"slurm-{match.group(1)}-*"))
+    )
+    assert state == "COMPLETED", log[-2000:] + node_logs
     run = the_run(store, "text2sql", match.group(1))
     assert run.info.status == "FINISHED" and steps_of(store, run.info.run_id) == [1, 2]
     assert_spans_both_hosts(run)

@@ -54,8 +54,9 @@ def front(ray_cluster, tiny_llama, tmp_path_factory):
     while "serving job" not in log.read_text():
         assert proc.poll() is None and time.time() < deadline, log.read_text()[-3000:]
         time.sleep(1)
-    service = tinker.ServiceClient(base_url=f"http://127.0.0.1:{PORT}", api_key=TOKEN)
-    yield {"service": service, "model": str(tiny_llama), "root": root}
+    # closed before the server goes: an open client's session heartbeat would go on failing to the session's end
+    with tinker.ServiceClient(base_url=f"http://127.0.0.1:{PORT}", api_key=TOKEN) as service:
+        yield {"service": service, "model": str(tiny_llama), "root": root}
     httpx.post(f"http://127.0.0.1:{PORT}/v1/shutdown", headers={"Authorization": f"Bearer {TOKEN}"}, timeout=60)
     proc.wait(timeout=60)
 
