@@ -208,6 +208,8 @@ def test_torchx_two_nodes(cluster, store: MlflowClient, size: list[str]) -> None
         for p in sorted(REPO.glob(f"slurm-{match.group(1)}-*"))
     )
     assert state == "COMPLETED", log[-2000:] + node_logs
+    for p in REPO.glob(f"slurm-{match.group(1)}-*"):
+        p.unlink()  # passed: nothing to look at
     run = the_run(store, "text2sql", match.group(1))
     assert run.info.status == "FINISHED" and steps_of(store, run.info.run_id) == [1, 2]
     assert_spans_both_hosts(run)
