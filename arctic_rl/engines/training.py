@@ -27,6 +27,7 @@ import torch
 
 from arctic_rl.batch import Batch
 from arctic_rl.config import ArcticRLClientConfig, sampler_dtype
+from arctic_rl.engines.build_lock import await_build_lock
 from arctic_rl.engines.forward import response_log_probs
 from arctic_rl.engines.lora import apply_lora, policy_weights, trainable_parameters
 from arctic_rl.engines.model import accelerator, load_hf_model
@@ -165,6 +166,8 @@ class TrainingWorker:
 
         tc = self.cfg.training_config
         torch.manual_seed(self.cfg.seed)
+        if accelerator() == "cpu":
+            await_build_lock("deepspeed_shm_comm")  # init_distributed loads it; a dead build's lock would hang it
         deepspeed.init_distributed(dist_backend="nccl" if accelerator() == "cuda" else "gloo")
         bf16 = tc.dtype == "bfloat16"
         # Weights load in fp32; DeepSpeed's bf16 mode casts the module and keeps fp32 master weights.
