@@ -276,6 +276,7 @@ def save_figure(fig, path, dpi: int = 100):
     import matplotlib.pyplot as plt
 
     path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.stem}.{os.getpid()}.tmp{path.suffix}")
     fig.tight_layout()
     fig.savefig(tmp, dpi=dpi)

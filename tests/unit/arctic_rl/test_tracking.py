@@ -93,9 +93,10 @@ def test_reward_curve_draws_per_step_rolling_mean_and_evals() -> None:
 
 
 def test_reward_curve_png_has_every_run_and_none_without_rewards(tmp_path: Path) -> None:
-    path = tracking.plot_reward_runs({"a": ([0.1, 0.2], {0: 0.0}), "b": ([0.3], None)}, tmp_path / "curve.png")
-    assert path == tmp_path / "curve.png" and path.read_bytes()[:4] == b"\x89PNG"
-    assert [p.name for p in tmp_path.iterdir()] == ["curve.png"]  # no temporary file left behind
+    # into a folder not made yet (a report's folder is made when the report is written, after its plot)
+    path = tracking.plot_reward_runs({"a": ([0.1, 0.2], {0: 0.0}), "b": ([0.3], None)}, tmp_path / "new" / "curve.png")
+    assert path == tmp_path / "new" / "curve.png" and path.read_bytes()[:4] == b"\x89PNG"
+    assert [p.name for p in path.parent.iterdir()] == ["curve.png"]  # no temporary file left behind
     assert tracking.plot_rewards([], tmp_path / "none.png") is None
     with pytest.raises(ValueError, match="window=0"):
         tracking.rolling_mean([1.0], window=0)
