@@ -206,6 +206,7 @@ def trl_config(w: Workload, output_dir: Path, generation: str = "generate"):
 
 def trl_config_kwargs(w: Workload, output_dir: Path, generation: str = "generate") -> dict[str, Any]:
     micro_per_step = w.prompts_per_step * w.n // w.rows_per_micro_batch
+    batching = generation == "continuous-batching"
     if w.loss_agg not in TRL_LOSS_TYPE or w.advantage not in TRL_SCALE_REWARDS or w.lr_schedule != "constant":
         raise ValueError(f"no TRL equivalent for loss_agg={w.loss_agg!r} advantage={w.advantage!r} {w.lr_schedule=}")
     return dict(
@@ -246,8 +247,8 @@ def trl_config_kwargs(w: Workload, output_dir: Path, generation: str = "generate
         dataloader_num_workers=0,
         # generate_batch runs in the training dtype (TRL casts the model to bf16 for it); TRL's default share of
         # memory for its paged cache (half of it) is a GPU's: on this shared 24 GiB machine a tenth is plenty
-        use_transformers_continuous_batching=generation == "continuous-batching",
-        transformers_continuous_batching_config={"max_memory_percent": 0.1} if generation != "generate" else None,
+        use_transformers_continuous_batching=batching,
+        transformers_continuous_batching_config={"max_memory_percent": 0.1} if batching else None,
     )
 
 
@@ -481,7 +482,7 @@ def run_trl(cfg, w: Workload, out: Path, generation: str) -> SideResult:
     return SideResult("trl", steps, wall, [f"TRL generation: {TRL_GENERATIONS[generation]}"])
 
 
-def log_trl_mlflow(result: SideResult, w: Workload, args) -> str:
+def log_trl_mlflow(result: SideResult, w: Workload, args, generation: str) -> str:
     """TRL's run in the benchmark's experiment, with the tags and metric names the loop's run has."""
     tags = {
         tracking.TAG_FRAMEWORK: FRAMEWORK_TRL,
@@ -494,9 +495,7 @@ def log_trl_mlflow(result: SideResult, w: Workload, args) -> str:
         tracking.TAG_N: str(w.n),
         tracking.TAG_MAX_PROMPT_LENGTH: str(w.max_prompt_length),
         tracking.TAG_MAX_RESPONSE_LENGTH: str(w.max_completion_length),
-        "generation": TRL_GENERATIONS[
-            "continuous-batching" if args.use_transformers_continuous_batching else "generate"
-        ],
+        "generation": TRL_GENERATIONS[generation],
     }
     params = {k: v for k, v in args.to_dict().items() if isinstance(v, (int, float, str, bool)) or v is None}
     with tracking.Tracker.start(EXPERIMENT, run_name="vs_trl-trl", tags=tags, params=params) as tracker:
@@ -641,7 +640,8 @@ def main() -> None:
             results[side] = run_arctic(cfg)
         else:
             r = run_trl(cfg, w, args.out, args.trl_generation)
-            r.run_id = log_trl_mlflow(r, w, trl_config(w, args.out / "trl", args.trl_generation))
+            trl_args = trl_config(w, args.out / "trl", args.trl_generation)
+            r.run_id = log_trl_mlflow(r, w, trl_args, args.trl_generation)
             results[side] = r
         print(f"{side}: {results[side].wall_s:.1f}s end to end, mlflow run {results[side].run_id}", flush=True)
         # kept as soon as a side is done: a later failure (another job taking the machine's memory) loses only the rest

@@ -203,12 +203,10 @@ def test_torchx_two_nodes(cluster, store: MlflowClient, size: list[str]) -> None
     assert out.returncode == 0 and match, log[-3000:]
     state = wait_state(match.group(1), {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL"}, JOB_TIMEOUT_S)
     # torchx's Slurm scheduler writes each node's output beside the submit (slurm-<job>-node-<i>.err/.out)
-    node_logs = "".join(
-        f"\n--- {p.name}\n{p.read_text(errors='replace')[-3000:]}"
-        for p in sorted(REPO.glob(f"slurm-{match.group(1)}-*"))
-    )
+    node_files = sorted(REPO.glob(f"slurm-{match.group(1)}-*"))
+    node_logs = "".join(f"\n--- {p.name}\n{p.read_text(errors='replace')[-3000:]}" for p in node_files)
     assert state == "COMPLETED", log[-2000:] + node_logs
-    for p in REPO.glob(f"slurm-{match.group(1)}-*"):
+    for p in node_files:
         p.unlink()  # passed: nothing to look at
     run = the_run(store, "text2sql", match.group(1))
     assert run.info.status == "FINISHED" and steps_of(store, run.info.run_id) == [1, 2]
