@@ -26,7 +26,8 @@ demo: setup
 slurm:
 	bash scripts/slurm_cluster.sh up --nodes 2 || { test $$? -eq 3 && bash scripts/slurm_setup.sh; }
 
-# Environments (SkyRL's built alongside), the two-host Slurm, ruff + mypy, then the whole suite: scripts/test.sh.
+# Environments (SkyRL's built alongside), the two-host Slurm from nothing (purged first), ruff + mypy, then the
+# whole suite in a fresh HOME: scripts/test.sh. scripts/fresh_check.sh rehearses a new user (clean clone, make demo + test).
 test:
 	bash scripts/test.sh
 

@@ -3,6 +3,8 @@
 #
 #   sudo scripts/slurm_cluster.sh up [--nodes N]     # default 2; idempotent, ~5 s when packages are in
 #   sudo scripts/slurm_cluster.sh down               # stops the slurmds, removes namespaces and bridge
+#   sudo scripts/slurm_cluster.sh purge              # down, then every daemon and file these scripts made:
+#                                                    # the next `up` starts from nothing (what `make test` does)
 #   scripts/slurm_cluster.sh status                  # one line per node
 #
 # Each compute node is a Linux network namespace with its own address on a bridge this script creates
@@ -30,7 +32,7 @@ HOSTS_END="# arctic-rl slurm_cluster.sh end"
 
 node_name() { echo "$NODE_PREFIX$1"; }
 node_addr() { echo "$NET.$((10 + $1))"; }
-node_pidfile() { echo "/run/slurmd-$(node_name "$1").pid"; }
+node_pidfile() { echo "$RUN_DIR/slurmd-$(node_name "$1").pid"; }
 
 # The nodes this script made, from the namespaces that exist (so `down` needs no --nodes).
 existing_nodes() { ip netns list 2>/dev/null | awk '{print $1}' | sed -n "s/^$NODE_PREFIX\([0-9]\+\)$/\1/p" | sort -n; }
@@ -90,7 +92,7 @@ start_slurmd() {
   local i=$1 name pidfile
   name=$(node_name "$i"); pidfile=$(node_pidfile "$i")
   pid_alive "$pidfile" && return 0
-  mkdir -p "/var/spool/slurmd-$name"
+  mkdir -p "$STATE/slurmd-$name"
   say "starting slurmd on $name ($(node_addr "$i")) ..."
   # Its own hostname for slurmd and everything it starts (job steps see `hostname` = the node).
   spawn "$LOG_DIR/slurmd-$name.log" nsenter --net="/run/netns/$name" unshare --uts \
@@ -98,30 +100,33 @@ start_slurmd() {
 }
 
 up() {
-  local n=$1 i changed=0 node_lines="" cpus mem
+  local n=$1 i node_lines="" cpus mem pidfiles=()
   require_root
+  refuse_foreign_slurm
   install_packages
   network_up "$n"
   rm -f "$REFUSED"
   write_hosts "$n"
-  start_munge
-  start_accounting
-  # Every node reports the machine's CPUs and memory (slurmd -C); they overlap, as the "hosts" do.
+  # Every node reports the machine's CPUs and memory (slurmd -C reads no config); they overlap, as the
+  # "hosts" do.
   cpus=$(nproc); mem=$(slurmd -C | sed -n 's/.*RealMemory=\([0-9]*\).*/\1/p' | head -n 1)
   for i in $(seq 1 "$n"); do
     node_lines+="NodeName=$(node_name "$i") NodeAddr=$(node_addr "$i") NodeHostname=$(node_name "$i") CPUs=$cpus RealMemory=$mem State=UNKNOWN"$'\n'
   done
   # slurmctld accepts only the machine's own name, reached at the bridge address.
   local conf="# Written by scripts/slurm_cluster.sh ($n nodes, one network namespace each).
-$(slurm_conf_common "$(hostname -s)($NET.1)" "/var/spool/slurmd-%n" "/run/slurmd-%n.pid" "$LOG_DIR/slurmd-%n.log")
+$(slurm_conf_common "$(hostname -s)($NET.1)" "$STATE/slurmd-%n" "$RUN_DIR/slurmd-%n.pid" "$LOG_DIR/slurmd-%n.log")
 SlurmdTimeout=${ARCTIC_SLURMD_TIMEOUT_S:-20}
 ${node_lines}PartitionName=$PARTITION Nodes=ALL Default=YES MaxTime=INFINITE State=UP"
-  if write_if_changed /etc/slurm/slurm.conf "$conf"; then
-    changed=1
-    stop_pidfile /run/slurmd.pid   # the one-node setup's slurmd (scripts/slurm_setup.sh)
-    for i in $(existing_nodes); do stop_pidfile "$(node_pidfile "$i")"; done
-  fi
-  start_slurmctld $changed
+  # Both configs before any daemon: sacctmgr (slurmdbd's readiness probe) reads slurm.conf.
+  local dbd_changed=0
+  write_dbd_conf && dbd_changed=1
+  for i in $(existing_nodes); do pidfiles+=("$(node_pidfile "$i")"); done
+  # (the one-node setup's slurmd too, scripts/slurm_setup.sh)
+  write_slurm_conf "$conf" "$RUN_DIR/slurmd.pid" "${pidfiles[@]}" || true
+  start_munge
+  start_accounting "$dbd_changed"
+  start_slurmctld
   for i in $(seq 1 "$n"); do start_slurmd "$i"; done
   for i in $(seq 1 "$n"); do node_ready "$(node_name "$i")" "$LOG_DIR/slurmd-$(node_name "$i").log"; done
   wait_for sacct 30 "$LOG_DIR/slurmdbd.log" sacct -n -X --starttime=now-1hour
@@ -143,10 +148,34 @@ down() {
     sed "/^$HOSTS_BEGIN\$/,/^$HOSTS_END\$/d" /etc/hosts >/etc/hosts.arctic-tmp
     cat /etc/hosts.arctic-tmp >/etc/hosts && rm -f /etc/hosts.arctic-tmp
   fi
-  if [ "$keep_ctl" -eq 0 ] && grep -q "slurm_cluster.sh" /etc/slurm/slurm.conf 2>/dev/null; then
-    stop_pidfile /run/slurmctld.pid
+  if [ "$keep_ctl" -eq 0 ] && grep -q "slurm_cluster.sh" "$SLURM_CONF_FILE" 2>/dev/null; then
+    stop_pidfile "$RUN_DIR/slurmctld.pid"
   fi
   say "down"
+}
+
+# down, then every daemon these scripts started and every file they made (and only those): the next `up`
+# is a fresh machine's. The packages stay installed; a site's own Slurm config makes this refuse, as `up` does.
+purge() {
+  local pidfile
+  require_root
+  refuse_foreign_slurm
+  down 0
+  for pidfile in "$RUN_DIR"/*.pid "$DB_RUN/mysqld.pid"; do stop_pidfile "$pidfile"; done
+  # Daemons of the scripts' earlier layout (pid files in /run, spool in /var/spool), where their config was ours.
+  if [ -e "$SLURM_CONF_FILE" ]; then
+    for pidfile in /run/slurmctld.pid /run/slurmdbd.pid /run/slurmd.pid /run/slurmd-"$NODE_PREFIX"*.pid; do
+      [ -e "$pidfile" ] && stop_pidfile "$pidfile"
+    done
+    rm -rf /var/spool/slurmctld /var/spool/slurmd /var/spool/slurmd-"$NODE_PREFIX"*
+  fi
+  if owns munged; then
+    pkill -u munge -x munged 2>/dev/null || true
+  fi
+  if owns munge-key; then rm -f /etc/munge/munge.key; fi
+  rm -f "$SLURM_CONF_FILE" "$DBD_CONF_FILE" "$REFUSED"
+  rm -rf "$STATE"
+  say "purged: daemons stopped, $STATE and the configs removed"
 }
 
 status() {
@@ -164,13 +193,14 @@ while [ $# -gt 0 ]; do
     --nodes) nodes=$2; shift 2 ;;
     --nodes=*) nodes=${1#*=}; shift ;;
     --keep-controller) keep_ctl=1; shift ;;
-    *) die "unknown argument '$1' (usage: $0 up [--nodes N] | down | status)" ;;
+    *) die "unknown argument '$1' (usage: $0 up [--nodes N] | down | purge | status)" ;;
   esac
 done
 [[ $nodes =~ ^[1-9][0-9]?$ ]] || die "--nodes=$nodes: use a number from 1 to 99"
 case $action in
   up) up "$nodes" ;;
   down) down "$keep_ctl" ;;
+  purge) purge ;;
   status) status ;;
-  *) die "usage: $0 up [--nodes N] | down | status" ;;
+  *) die "usage: $0 up [--nodes N] | down | purge | status" ;;
 esac

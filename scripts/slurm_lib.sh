@@ -3,10 +3,26 @@
 # Why accounting: TorchX 0.7's Slurm scheduler reads job state only through `sacct`, so
 # `torchx run --wait` / `torchx status` need slurmdbd (backed by MariaDB).
 
+# What the scripts create, and nothing else, is theirs to remove (`scripts/slurm_cluster.sh purge`):
+# - under $STATE: the accounting database (its own MariaDB instance, port $DB_PORT, so a site's MariaDB is
+#   never touched), the spool and state folders, pid files and logs;
+# - outside it: /etc/slurm/slurm.conf and slurmdbd.conf, whose first line is $MARK (a config without it is a
+#   site's own Slurm: the scripts refuse to run rather than replace it), and what $OWNED lists (munged, if
+#   they started it; the munge key, if they created it).
 CLUSTER=${SLURM_CLUSTER_NAME:-arctic}
 PARTITION=${SLURM_PARTITION:-debug}
 DB_PASS=${SLURM_DB_PASS:-arctic-slurmdbd}
-LOG_DIR=/var/log/slurm
+DB_PORT=${SLURM_DB_PORT:-3307}
+STATE=/var/lib/arctic-rl-slurm
+OWNED=$STATE/owned
+LOG_DIR=$STATE/log
+RUN_DIR=$STATE/run
+DB_DIR=$STATE/mysql
+DB_RUN=$STATE/mysqld
+DB_SOCK=$DB_RUN/mysqld.sock
+MARK="# Written by scripts/slurm_"
+SLURM_CONF_FILE=/etc/slurm/slurm.conf
+DBD_CONF_FILE=/etc/slurm/slurmdbd.conf
 t0=$(date +%s)
 
 say() { echo "[$SCRIPT +$(($(date +%s) - t0))s] $*"; }
@@ -54,6 +70,23 @@ stop_pidfile() {
 APT_LOCK=/run/arctic-rl-apt.lock
 require_root() { [ "$(id -u)" -eq 0 ] || die "run as root (found uid $(id -u)): the daemons and apt-get need it"; }
 
+# A config these scripts wrote (first line $MARK)? Missing counts as ours to write.
+conf_is_ours() { [ ! -e "$1" ] || [[ $(head -n 1 "$1") == "$MARK"* ]]; }
+
+# Before anything is installed, written or started: a site's own Slurm config is never replaced.
+refuse_foreign_slurm() {
+  local f
+  for f in "$SLURM_CONF_FILE" "$DBD_CONF_FILE"; do
+    conf_is_ours "$f" || die "$f exists and was not written by these scripts (its first line is not '$MARK...'):
+  this machine has a Slurm of its own, which the test cluster would replace. Submit the jobs to that Slurm
+  (docs/jobs.md), or move $f aside to use the test cluster here."
+  done
+}
+
+# Records that the scripts created $1 outside $STATE (purge removes only what is recorded).
+own() { mkdir -p "$STATE"; grep -qx "$1" "$OWNED" 2>/dev/null || echo "$1" >>"$OWNED"; }
+owns() { grep -qx "$1" "$OWNED" 2>/dev/null; }
+
 # 1. packages -------------------------------------------------------------------------------------
 install_packages() {
   local need=() pair
@@ -70,60 +103,90 @@ install_packages() {
     flock "$APT_LOCK" apt-get install -y -qq slurm-wlm slurmdbd munge mariadb-server >/tmp/slurm-setup-apt.log 2>&1 \
       || { tail -n 20 /tmp/slurm-setup-apt.log >&2; die "apt-get install failed (log: /tmp/slurm-setup-apt.log)"; }
   fi
-  mkdir -p "$LOG_DIR" /var/spool/slurmctld /etc/slurm /run/munge /run/mysqld
-  chown munge:munge /run/munge && chown mysql:mysql /run/mysqld
+  mkdir -p "$LOG_DIR" "$RUN_DIR" "$STATE/slurmctld" /etc/slurm /run/munge "$DB_RUN"
+  chown munge:munge /run/munge && chown mysql:mysql "$DB_RUN"
 }
 
 # 2. munge ----------------------------------------------------------------------------------------
 # One munged for every node: its socket is on the file system all "hosts" share, as a cluster's nodes
 # share the munge key.
+# The key the munge package made at install is the machine's, not ours: used as it is, never removed.
 start_munge() {
   if [ ! -s /etc/munge/munge.key ]; then
     say "creating the munge key ..."
     dd if=/dev/urandom of=/etc/munge/munge.key bs=1024 count=1 status=none
+    chown munge:munge /etc/munge/munge.key && chmod 400 /etc/munge/munge.key
+    own munge-key
   fi
-  chown munge:munge /etc/munge/munge.key && chmod 400 /etc/munge/munge.key
   # `munge -n` (not pgrep) is the reliable liveness probe: a stale pid file or socket fools pgrep.
   if ! munge -n >/dev/null 2>&1; then
     say "starting munged ..."
     rm -f /run/munge/munge.socket.2*
     runuser -u munge -- /usr/sbin/munged --force >>"$LOG_DIR/munged.log" 2>&1
+    own munged
     wait_for munged 15 /var/log/munge/munged.log munge -n
   fi
 }
 
-# 3. MariaDB + slurmdbd + the cluster record -------------------------------------------------------
-start_accounting() {
-  if ! mariadb-admin ping >/dev/null 2>&1; then
-    if [ ! -d /var/lib/mysql/mysql ]; then
-      say "initialising the MariaDB data directory ..."
-      mariadb-install-db --user=mysql --datadir=/var/lib/mysql >>"$LOG_DIR/mariadb.log" 2>&1
-    fi
-    say "starting mariadbd ..."
-    spawn "$LOG_DIR/mariadb.log" /usr/sbin/mariadbd --user=mysql --datadir=/var/lib/mysql \
-      --socket=/run/mysqld/mysqld.sock --bind-address=127.0.0.1
-    wait_for mariadbd 60 "$LOG_DIR/mariadb.log" mariadb-admin ping
-  fi
-  # Root logs in over the unix socket; slurmdbd connects over TCP with its own password.
-  mariadb -e "CREATE USER IF NOT EXISTS 'slurm'@'localhost' IDENTIFIED BY '$DB_PASS';
-    GRANT ALL ON slurm_acct_db.* TO 'slurm'@'localhost'; FLUSH PRIVILEGES;"
-  local dbd_conf="# Written by scripts/slurm_lib.sh.
+# 3. The configs, all written before any daemon or client that reads them starts -------------------
+# (sacctmgr, which says when slurmdbd is up, reads slurm.conf: on a fresh machine it must exist first.)
+
+# Writes slurmdbd.conf; returns 0 when it changed.
+write_dbd_conf() {
+  local changed=1
+  write_if_changed "$DBD_CONF_FILE" "# Written by scripts/slurm_lib.sh.
 AuthType=auth/munge
 DbdHost=localhost
 SlurmUser=root
-PidFile=/run/slurmdbd.pid
+PidFile=$RUN_DIR/slurmdbd.pid
 LogFile=$LOG_DIR/slurmdbd.log
 StorageType=accounting_storage/mysql
 StorageHost=127.0.0.1
-StoragePort=3306
+StoragePort=$DB_PORT
 StorageUser=slurm
 StoragePass=$DB_PASS
-StorageLoc=slurm_acct_db"
-  write_if_changed /etc/slurm/slurmdbd.conf "$dbd_conf" && stop_pidfile /run/slurmdbd.pid
+StorageLoc=slurm_acct_db" && changed=0
   # slurmdbd refuses a config readable by others (it holds the DB password).
-  chmod 600 /etc/slurm/slurmdbd.conf
+  chmod 600 "$DBD_CONF_FILE"
+  return $changed
+}
+
+# Writes slurm.conf ($1 = its content); on a change stops the daemons that read it ($2... = slurmd pid
+# files) so that they start again on the new one. Returns 0 when it changed.
+write_slurm_conf() {
+  local conf=$1 pidfile; shift
+  write_if_changed "$SLURM_CONF_FILE" "$conf" || return 1
+  stop_pidfile "$RUN_DIR/slurmctld.pid"
+  for pidfile in "$@"; do stop_pidfile "$pidfile"; done
+  return 0
+}
+
+# 4. MariaDB (our own instance) + slurmdbd + the cluster record -----------------------------------
+db() { mariadb --socket="$DB_SOCK" "$@"; }
+
+start_accounting() {
+  local dbd_changed=$1
+  if ! mariadb-admin --socket="$DB_SOCK" ping >/dev/null 2>&1; then
+    if [ ! -d "$DB_DIR/mysql" ]; then
+      say "initialising the accounting database ($DB_DIR) ..."
+      mkdir -p "$DB_DIR" && chown mysql:mysql "$DB_DIR"
+      mariadb-install-db --user=mysql --datadir="$DB_DIR" --auth-root-authentication-method=socket \
+        >>"$LOG_DIR/mariadb.log" 2>&1 || { tail -n 20 "$LOG_DIR/mariadb.log" >&2; die "mariadb-install-db failed"; }
+    fi
+    say "starting mariadbd (port $DB_PORT) ..."
+    spawn "$LOG_DIR/mariadb.log" /usr/sbin/mariadbd --no-defaults --user=mysql --datadir="$DB_DIR" \
+      --socket="$DB_SOCK" --pid-file="$DB_RUN/mysqld.pid" --port="$DB_PORT" --bind-address=127.0.0.1 \
+      --log-error="$LOG_DIR/mariadb.log"
+    wait_for mariadbd 60 "$LOG_DIR/mariadb.log" mariadb-admin --socket="$DB_SOCK" ping
+  fi
+  # Root logs in over the unix socket; slurmdbd connects over TCP with its own password.
+  db -e "CREATE USER IF NOT EXISTS 'slurm'@'localhost' IDENTIFIED BY '$DB_PASS';
+    CREATE USER IF NOT EXISTS 'slurm'@'127.0.0.1' IDENTIFIED BY '$DB_PASS';
+    GRANT ALL ON slurm_acct_db.* TO 'slurm'@'localhost'; GRANT ALL ON slurm_acct_db.* TO 'slurm'@'127.0.0.1';
+    FLUSH PRIVILEGES;"
+  [ "$dbd_changed" -eq 1 ] && stop_pidfile "$RUN_DIR/slurmdbd.pid"
   if ! sacctmgr -n show cluster >/dev/null 2>&1; then
-    stop_pidfile /run/slurmdbd.pid
+    stop_pidfile "$RUN_DIR/slurmdbd.pid"
     say "starting slurmdbd ..."
     spawn "$LOG_DIR/slurmdbd.log" /usr/sbin/slurmdbd
     wait_for slurmdbd 60 "$LOG_DIR/slurmdbd.log" sacctmgr -n show cluster
@@ -151,9 +214,9 @@ SelectType=select/cons_tres
 SelectTypeParameters=CR_CPU
 SchedulerType=sched/backfill
 ReturnToService=2
-StateSaveLocation=/var/spool/slurmctld
+StateSaveLocation=$STATE/slurmctld
 SlurmdSpoolDir=$2
-SlurmctldPidFile=/run/slurmctld.pid
+SlurmctldPidFile=$RUN_DIR/slurmctld.pid
 SlurmdPidFile=$3
 SlurmctldLogFile=$LOG_DIR/slurmctld.log
 SlurmdLogFile=$4
@@ -169,11 +232,10 @@ JobCompType=jobcomp/none
 CONF
 }
 
-# (Re)starts slurmctld when its config changed ($1 = 1) or it does not answer.
+# Starts slurmctld unless it answers (write_slurm_conf stopped it if its config changed).
 start_slurmctld() {
-  if [ "$1" -eq 1 ]; then stop_pidfile /run/slurmctld.pid; fi
   if [[ $(scontrol ping 2>/dev/null) != *UP* ]]; then
-    stop_pidfile /run/slurmctld.pid
+    stop_pidfile "$RUN_DIR/slurmctld.pid"
     say "starting slurmctld ..."
     spawn "$LOG_DIR/slurmctld.log" /usr/sbin/slurmctld
     wait_for slurmctld 60 "$LOG_DIR/slurmctld.log" bash -c 'scontrol ping | grep -q UP'

@@ -15,29 +15,30 @@ source "$(dirname "$0")/slurm_lib.sh"
 HOST=$(hostname -s)
 
 require_root
+refuse_foreign_slurm
 install_packages
-mkdir -p /var/spool/slurmd
-start_munge
-start_accounting
+mkdir -p "$STATE/slurmd"
 
-# The node line comes from `slurmd -C` so sockets/cores/memory match what slurmd detects (a mismatch
-# drains the node with "Low socket*core*thread count").
+# The node line comes from `slurmd -C` (it reads no config) so sockets/cores/memory match what slurmd detects
+# (a mismatch drains the node with "Low socket*core*thread count").
 node_line=$(slurmd -C | head -n 1)
 [[ $node_line == NodeName=* ]] || die "slurmd -C printed '$node_line', expected a NodeName= line"
 slurm_conf="# Written by scripts/slurm_setup.sh (one-node cluster for CI and laptops).
-$(slurm_conf_common "$HOST(127.0.0.1)" /var/spool/slurmd /run/slurmd.pid "$LOG_DIR/slurmd.log")
+$(slurm_conf_common "$HOST(127.0.0.1)" "$STATE/slurmd" "$RUN_DIR/slurmd.pid" "$LOG_DIR/slurmd.log")
 SlurmdTimeout=60
 $node_line State=UNKNOWN
 PartitionName=$PARTITION Nodes=ALL Default=YES MaxTime=INFINITE State=UP"
-slurm_changed=0
-write_if_changed /etc/slurm/slurm.conf "$slurm_conf" && slurm_changed=1
-if [ $slurm_changed -eq 1 ]; then
-  stop_pidfile /run/slurmd.pid
+# Both configs before any daemon: sacctmgr (slurmdbd's readiness probe) reads slurm.conf.
+dbd_changed=0
+write_dbd_conf && dbd_changed=1
+if write_slurm_conf "$slurm_conf" "$RUN_DIR/slurmd.pid"; then
   # A multi-node cluster's slurmds (scripts/slurm_cluster.sh) would keep registering with the new slurmctld.
   [ -x "$(dirname "$0")/slurm_cluster.sh" ] && bash "$(dirname "$0")/slurm_cluster.sh" down --keep-controller
 fi
-start_slurmctld $slurm_changed
-if ! pid_alive /run/slurmd.pid; then
+start_munge
+start_accounting "$dbd_changed"
+start_slurmctld
+if ! pid_alive "$RUN_DIR/slurmd.pid"; then
   say "starting slurmd ..."
   spawn "$LOG_DIR/slurmd.log" /usr/sbin/slurmd
 fi

@@ -1,0 +1,41 @@
+"""scripts/slurm_lib.sh's guard for a site's own Slurm, run in bash on temporary config files: a config whose first
+line is not the scripts' mark is never replaced (the scripts refuse, naming the file); theirs, or none, goes ahead."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+from repo_paths import REPO
+
+LIB = REPO / "scripts" / "slurm_lib.sh"
+
+
+def refuse(slurm_conf: Path, dbd_conf: Path) -> subprocess.CompletedProcess:
+    script = f"SCRIPT=test; source {LIB}; SLURM_CONF_FILE={slurm_conf}; DBD_CONF_FILE={dbd_conf}; refuse_foreign_slurm"
+    return subprocess.run(["bash", "-c", script], capture_output=True, text=True)
+
+
+def test_a_site_config_is_refused_naming_it(tmp_path: Path) -> None:
+    site = tmp_path / "slurm.conf"
+    site.write_text("# our site's cluster\nClusterName=prod\n")
+    out = refuse(site, tmp_path / "absent.conf")
+    assert out.returncode == 1
+    assert f"{site} exists and was not written by these scripts" in out.stderr
+    assert site.read_text().startswith("# our site's cluster")  # untouched
+
+
+def test_a_site_slurmdbd_config_is_refused_too(tmp_path: Path) -> None:
+    ours = tmp_path / "slurm.conf"
+    ours.write_text("# Written by scripts/slurm_cluster.sh (2 nodes, one network namespace each).\n")
+    dbd = tmp_path / "slurmdbd.conf"
+    dbd.write_text("AuthType=auth/munge\n")
+    out = refuse(ours, dbd)
+    assert out.returncode == 1 and str(dbd) in out.stderr
+
+
+def test_the_scripts_own_configs_or_none_go_ahead(tmp_path: Path) -> None:
+    ours = tmp_path / "slurm.conf"
+    ours.write_text("# Written by scripts/slurm_setup.sh (one-node cluster for CI and laptops).\n")
+    assert refuse(ours, tmp_path / "absent.conf").returncode == 0
+    assert refuse(tmp_path / "none.conf", tmp_path / "absent.conf").returncode == 0
