@@ -3,11 +3,11 @@
 Shapes legend: B rows, T = P + R total columns, P prompt columns, R response columns.
 
   key              shape    dtype   meaning
-  input_ids        [B, T]   int     prompt left-padded to P, then response right-padded to R
-  attention_mask   [B, T]   int     1 on real tokens (prompt and response), 0 on padding
-  position_ids     [B, T]   int     optional; default cumsum(attention_mask) - 1
-  responses        [B, R]   int     == input_ids[:, P:]
-  response_mask    [B, R]   int     1 on response tokens that count in the loss
+  input_ids        [B, T]   int32/64 prompt left-padded to P, then response right-padded to R; ids < vocab
+  attention_mask   [B, T]   int/bool 1 on real tokens (prompt and response), 0 on padding
+  position_ids     [B, T]   int32/64 optional; default cumsum(attention_mask) - 1; in [0, max_seq_len)
+  responses        [B, R]   int32/64 == input_ids[:, P:]
+  response_mask    [B, R]   int/bool 1 on response tokens that count in the loss, else 0
   old_log_probs    [B, R]   float   log-probs of the policy that produced the data (PPO ratio)
   advantages       [B, R]   float   per-token advantages ([B] is accepted and broadcast)
   ref_log_prob     [B, R]   float   optional; reference policy log-probs (KL penalty)
@@ -15,7 +15,8 @@ Shapes legend: B rows, T = P + R total columns, P prompt columns, R response col
   weights          [B, R]   float   optional; per-token loss weights (the Tinker losses' cross_entropy)
   uid              [B]      str     the prompt group of each row (a list of strings, or ints)
 
-Only the keys an op needs are required: `log_probs` needs input_ids, attention_mask, responses
+No other key is accepted; T is at most the deployment's max_seq_len (BatchLimits). Only the keys an op needs
+are required: `log_probs` needs input_ids, attention_mask, responses
 (and uid for ZoRRo); `forward_backward` also needs response_mask and what its loss reads.
 """
 
