@@ -3,11 +3,11 @@
 Shapes legend: B rows, T = P + R total columns, P prompt columns, R response columns.
 
   key              shape    dtype   meaning
-  input_ids        [B, T]   int     prompt left-padded to P, then response right-padded to R
-  attention_mask   [B, T]   int     1 on real tokens (prompt and response), 0 on padding
-  position_ids     [B, T]   int     optional; default cumsum(attention_mask) - 1
-  responses        [B, R]   int     == input_ids[:, P:]
-  response_mask    [B, R]   int     1 on response tokens that count in the loss
+  input_ids        [B, T]   int32/64 prompt left-padded to P, then response right-padded to R; ids < vocab
+  attention_mask   [B, T]   int/bool 1 on real tokens (prompt and response), 0 on padding
+  position_ids     [B, T]   int32/64 optional; default cumsum(attention_mask) - 1; in [0, max_seq_len)
+  responses        [B, R]   int32/64 == input_ids[:, P:]
+  response_mask    [B, R]   int/bool 1 on response tokens that count in the loss, else 0
   old_log_probs    [B, R]   float   log-probs of the policy that produced the data (PPO ratio)
   advantages       [B, R]   float   per-token advantages ([B] is accepted and broadcast)
   ref_log_prob     [B, R]   float   optional; reference policy log-probs (KL penalty)
@@ -15,13 +15,15 @@ Shapes legend: B rows, T = P + R total columns, P prompt columns, R response col
   weights          [B, R]   float   optional; per-token loss weights (the Tinker losses' cross_entropy)
   uid              [B]      str     the prompt group of each row (a list of strings, or ints)
 
-Only the keys an op needs are required: `log_probs` needs input_ids, attention_mask, responses
+No other key is accepted; T is at most the deployment's max_seq_len (BatchLimits). Only the keys an op needs
+are required: `log_probs` needs input_ids, attention_mask, responses
 (and uid for ZoRRo); `forward_backward` also needs response_mask and what its loss reads.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -34,34 +36,52 @@ FLOAT_KEYS = ("old_log_probs", "advantages", "ref_log_prob", "rollout_log_probs"
 INT_KEYS = ("input_ids", "attention_mask", "position_ids", "responses", "response_mask")
 LOG_PROBS_KEYS = ("input_ids", "attention_mask", "responses")
 TRAIN_KEYS = ("input_ids", "attention_mask", "responses", "response_mask")
+MASK_KEYS = ("attention_mask", "response_mask")
+KNOWN_KEYS = (*INT_KEYS, *FLOAT_KEYS, "uid")
+# Token ids and positions index embeddings and rotary tables: a narrower dtype (bool, uint8) wraps or is read
+# as a mask. Masks may be any integer or bool dtype (frameworks hand over their own), valued 0 or 1.
+ID_DTYPES = (torch.int32, torch.int64)
+MASK_DTYPES = (*ID_DTYPES, torch.int16, torch.int8, torch.uint8, torch.bool)
 
 
 class BatchError(BatchFormatError):
     """A malformed batch: the message names the key, what it expected and what it got."""
 
 
+@dataclass(frozen=True)
+class BatchLimits:
+    """What the deployment's model takes: token ids below `vocab`, at most `max_seq_len` columns (and
+    positions below it). None: not known here (the check is skipped)."""
+
+    vocab: int | None = None
+    max_seq_len: int | None = None
+
+
 def _shape(x) -> str:
     return str(list(x.shape)) if isinstance(x, torch.Tensor) else type(x).__name__
 
 
-def validate_batch(batch: Batch, required: Iterable[str] = LOG_PROBS_KEYS) -> tuple[int, int, int]:
-    """Checks keys, dtypes and shapes; returns (B, P, R). Raises BatchError naming the key."""
+def validate_batch(
+    batch: Batch, required: Iterable[str] = LOG_PROBS_KEYS, limits: BatchLimits | None = None
+) -> tuple[int, int, int]:
+    """Checks keys, dtypes, shapes and values against the schema above (and `limits`); returns (B, P, R).
+    Raises BatchError naming the key, the value and what is allowed."""
     if not isinstance(batch, dict):
         raise BatchError(f"batch must be a dict of tensors, got {type(batch).__name__}")
+    unknown = sorted(str(k)[:60] for k in batch if k not in KNOWN_KEYS)
+    if unknown:
+        raise BatchError(f"batch has unknown key(s) {unknown}; the schema's keys are {list(KNOWN_KEYS)}")
     for key in required:
         if key not in batch:
             raise BatchError(f"batch is missing key {key!r} (required: {sorted(required)}; got {sorted(batch)})")
     for key, val in batch.items():
-        if key == "uid":
-            continue
-        if key in INT_KEYS + FLOAT_KEYS and not isinstance(val, torch.Tensor):
+        if key != "uid" and not isinstance(val, torch.Tensor):
             raise BatchError(f"batch[{key!r}] must be a tensor, got {type(val).__name__}")
+    _check_dtypes(batch)
     ids = batch["input_ids"]
     if ids.dim() != 2:
         raise BatchError(f"batch['input_ids'] must be [B, T], got shape {_shape(ids)}")
     B, T = ids.shape
-    if ids.dtype.is_floating_point:
-        raise BatchError(f"batch['input_ids'] must be an integer tensor, got {ids.dtype}")
     resp = batch["responses"]
     if resp.dim() != 2 or resp.shape[0] != B or resp.shape[1] > T:
         raise BatchError(f"batch['responses'] must be [B={B}, R<=T={T}], got shape {_shape(resp)}")
@@ -90,10 +110,52 @@ def validate_batch(batch: Batch, required: Iterable[str] = LOG_PROBS_KEYS) -> tu
         n = len(uid) if isinstance(uid, (list, tuple)) else (uid.shape[0] if isinstance(uid, torch.Tensor) else -1)
         if n != B:
             raise BatchError(f"batch['uid'] must have one entry per row (B={B}), got {_shape(uid)} of length {n}")
+    _check_values(batch, limits or BatchLimits())
+    return B, P, R
+
+
+def _check_dtypes(batch: Batch) -> None:
+    for key, val in batch.items():
+        if key in MASK_KEYS:
+            allowed: tuple[torch.dtype, ...] = MASK_DTYPES
+        elif key in INT_KEYS:
+            allowed = ID_DTYPES
+        elif key in FLOAT_KEYS:
+            if val.dtype.is_floating_point:
+                continue
+            raise BatchError(f"batch[{key!r}] must be a float tensor, got {val.dtype}")
+        else:  # uid
+            continue
+        if val.dtype not in allowed:
+            names = [str(d).removeprefix("torch.") for d in allowed]
+            raise BatchError(f"batch[{key!r}] must be an integer tensor of dtype {names}, got {val.dtype}")
+
+
+def _range(batch: Batch, key: str, hi: int | None, what: str) -> None:
+    """batch[key]'s values within [0, hi) (hi None: >= 0 only), else a BatchError naming the limit."""
+    x = batch.get(key)
+    if x is None or not x.numel():
+        return
+    lo_v, hi_v = int(x.min()), int(x.max())
+    if lo_v < 0 or (hi is not None and hi_v >= hi):
+        bound = f"[0, {hi})" if hi is not None else ">= 0"
+        raise BatchError(f"batch[{key!r}] holds values outside {bound} ({what}): min {lo_v}, max {hi_v}")
+
+
+def _check_values(batch: Batch, limits: BatchLimits) -> None:
+    T = batch["input_ids"].shape[1]
+    if limits.max_seq_len is not None and T > limits.max_seq_len:
+        raise BatchError(
+            f"batch['input_ids'] has {T} columns; the deployment takes at most "
+            f"vllm_config.max_seq_len={limits.max_seq_len} (shorten the sequences or raise max_seq_len)"
+        )
+    _range(batch, "input_ids", limits.vocab, f"token ids below the model's vocabulary of {limits.vocab}")
+    _range(batch, "position_ids", limits.max_seq_len, f"positions below vllm_config.max_seq_len={limits.max_seq_len}")
+    for key in MASK_KEYS:
+        _range(batch, key, 2, "a mask is 0 or 1")
     for key in FLOAT_KEYS:
         if key in batch and not torch.isfinite(batch[key]).all():
             raise BatchError(f"batch[{key!r}] contains NaN or inf")
-    return B, P, R
 
 
 def position_ids(batch: Batch) -> torch.Tensor:

@@ -216,6 +216,36 @@ class ServerConfig(Strict):
         description=("most rows in one request: batch rows, generate's prompts x n, sampler_log_probs' sequences"),
     )
     max_body_bytes: int = Field(1 << 30, ge=1024, description="largest HTTP request body")
+    max_prompt_chars: int | None = Field(
+        None,
+        ge=1,
+        description=(
+            "longest string prompt of a generate request, in characters, checked before it is tokenized; "
+            "None: 16 x vllm_config.max_seq_len (the controller then counts its tokens against max_seq_len)"
+        ),
+    )
+    max_batch_tokens: int = Field(
+        1 << 24,
+        ge=1,
+        description=(
+            "most cells (rows x columns, padding included) of a batch the Tinker front builds from one "
+            "forward_backward request, checked before anything is allocated"
+        ),
+    )
+    # The Tinker front's (arctic-rl serve --tinker) state, which clients grow: bounded by count, bytes and age.
+    tinker_session_ttl_s: float = Field(
+        300.0, gt=0, description="a Tinker session without a heartbeat this long ends (the SDK sends one every 10 s)"
+    )
+    tinker_max_sessions: int = Field(1024, ge=1, description="most open Tinker sessions; more are refused (429)")
+    tinker_max_pending: int = Field(
+        1024, ge=1, description="most Tinker requests queued or running; more are refused (429), none is evicted"
+    )
+    tinker_max_result_bytes: int = Field(
+        1 << 30, ge=1, description="finished Tinker results kept for retrieval, in bytes; the oldest go first"
+    )
+    tinker_result_ttl_s: float = Field(
+        900.0, gt=0, description="a finished Tinker result is kept this long for retrieve_future"
+    )
 
     def resolved(self) -> ServerConfig:
         """checkpoint_root as an absolute path, its default filled in (run where the deployment starts)."""
@@ -386,6 +416,19 @@ def model_window(model_name: str, overrides: dict[str, Any]) -> int | None:
     text = text_config if isinstance(text_config, dict) else {}
     window = hf.get("max_position_embeddings", text.get("max_position_embeddings"))
     return int(window) if isinstance(window, (int, float)) and window > 0 else None
+
+
+def model_vocab_size(model_name: str, overrides: dict[str, Any]) -> int | None:
+    """vocab_size of the model's HF config after `overrides` (of its text config for a multimodal model): the
+    token ids a request may carry are below it. None when the config is not on disk or names none."""
+    hf = _local_hf_config(model_name)
+    if hf is None:
+        return None
+    hf = {**hf, **overrides}
+    text_config = hf.get("text_config")
+    text = text_config if isinstance(text_config, dict) else {}
+    vocab = hf.get("vocab_size", text.get("vocab_size"))
+    return int(vocab) if isinstance(vocab, int) and vocab > 0 else None
 
 
 def sampler_dtype(cfg: ArcticRLClientConfig) -> str:

@@ -102,7 +102,7 @@ class LossConfigBase(Strict):
     loss_scale_factor: OptionalPositive = None
     global_num_tokens: OptionalNonNegative = None
     global_num_seqs: OptionalNonNegative = None
-    temperature: Any = None
+    temperature: OptionalPositive = None  # divides the logits: 0 would make the loss and the weights NaN
     compute_entropy: Any = None
 
 

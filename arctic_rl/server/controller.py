@@ -17,6 +17,7 @@ import threading
 import time
 import traceback
 from pathlib import Path
+from typing import Any
 
 import ray
 import torch
@@ -97,6 +98,7 @@ class Controller:
             )
         # Token ids a request may carry: below the model's embedding rows.
         self.vocab = self._get(self.trainers[0].vocab_size.remote(), "training")
+        self._tokenizer: Any = None  # loaded at the first string prompt (_count_tokens)
         # The trainer/sampler log-prob gap with equal weights: the noise floor sync checks against.
         self._probe_baseline = self._probe_diff()[1]
 
@@ -163,8 +165,16 @@ class Controller:
         and checking them (a malformed request raises a 4xx error naming the argument); the methods below,
         named after the ops, assume checked arguments."""
         args = ops.lookup(op).bind(kwargs)
-        check_request(op, args, self.cfg, self.vocab)
+        check_request(op, args, self.cfg, self.vocab, self._count_tokens)
         return getattr(self, op)(**args)
+
+    def _count_tokens(self, prompt: str) -> int:
+        """A string prompt's length as the sampler will count it (vLLM encodes with the model's tokenizer)."""
+        if self._tokenizer is None:
+            from transformers import AutoTokenizer
+
+            self._tokenizer = AutoTokenizer.from_pretrained(self.cfg.model_name)
+        return len(self._tokenizer.encode(prompt))
 
     def generate(self, prompts: list, sampling_params: dict) -> list[dict]:
         params = dict(sampling_params or {})

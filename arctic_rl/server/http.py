@@ -25,7 +25,7 @@ from fastapi.responses import JSONResponse, Response
 from starlette.concurrency import run_in_threadpool
 
 from arctic_rl import ops, wire
-from arctic_rl.config import TOKEN_ENV, ArcticRLClientConfig
+from arctic_rl.config import TOKEN_ENV, ArcticRLClientConfig, model_vocab_size
 from arctic_rl.errors import (
     ERRORS,
     ArcticRLError,
@@ -72,6 +72,7 @@ def build_app(handle, cfg: ArcticRLClientConfig, on_shutdown=lambda: None, tinke
     app = FastAPI(title="arctic-rl", version="0.1.0")
     token = cfg.auth_token
     max_body = cfg.server.max_body_bytes
+    vocab = model_vocab_size(cfg.model_name, cfg.model_overrides)  # token ids are checked here too
 
     def check_auth(request: Request) -> None:
         if token is None:
@@ -99,7 +100,7 @@ def build_app(handle, cfg: ArcticRLClientConfig, on_shutdown=lambda: None, tinke
                 check_auth(request)
                 args = op.bind(await read_body(request))
                 # Checked here too (the controller checks again): a bad request never reaches Ray.
-                await run_in_threadpool(check_request, op.name, args, cfg)
+                await run_in_threadpool(check_request, op.name, args, cfg, vocab)
                 result = await run_in_threadpool(_call_controller, handle, op.name, args)
                 if op.name == "shutdown":
                     threading.Timer(0.5, on_shutdown).start()
@@ -127,7 +128,7 @@ def build_app(handle, cfg: ArcticRLClientConfig, on_shutdown=lambda: None, tinke
 
         def call(op: str, kwargs: dict):  # what a /v1 route does with a request, without the wire
             args = ops.OPS[op].bind(kwargs)
-            check_request(op, args, cfg)
+            check_request(op, args, cfg, vocab)
             return _call_controller(handle, op, args)
 
         tinker_api.mount(app, cfg, call, lambda request: read_bytes(request, max_body))

@@ -10,13 +10,14 @@ and post-processors from the server's registry (`arctic_rl.losses`); checkpoint 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
 import torch
-from pydantic import BeforeValidator, Field, ValidationInfo
+from pydantic import BeforeValidator, Field, ValidationInfo, model_validator
 
-from arctic_rl.batch import FLOAT_KEYS, INT_KEYS, LOG_PROBS_KEYS, TRAIN_KEYS, BatchError, validate_batch
+from arctic_rl.batch import LOG_PROBS_KEYS, TRAIN_KEYS, BatchError, BatchLimits, validate_batch
 from arctic_rl.config import ArcticRLClientConfig
 from arctic_rl.errors import BatchFormatError, ConfigError, UnknownNameError
 from arctic_rl.losses import resolve_loss_fn, resolve_post_processor
@@ -89,6 +90,8 @@ def _stop_token_ids(v: Any) -> Any:
 
 
 Bool = Annotated[bool | None, BeforeValidator(_bool)]
+VLLM_DEFAULT_MAX_TOKENS = 16  # what vLLM's SamplingParams samples when a request sets no max_tokens
+PROMPT_CHARS_PER_TOKEN = 16  # server.max_prompt_chars's default, per token of vllm_config.max_seq_len
 
 
 class SamplingParams(Strict):
@@ -113,6 +116,16 @@ class SamplingParams(Strict):
     skip_special_tokens: Bool = None
     stop: Annotated[str | list[str] | None, BeforeValidator(_stop)] = None
     stop_token_ids: Annotated[list[int] | None, BeforeValidator(_stop_token_ids)] = None
+
+    @model_validator(mode="after")
+    def _min_within_max(self):
+        cap = VLLM_DEFAULT_MAX_TOKENS if self.max_tokens is None else self.max_tokens
+        if self.min_tokens is not None and self.min_tokens > cap:
+            where = "" if self.max_tokens is not None else f" (vLLM's default, {cap}, when max_tokens is not set)"
+            raise ValueError(
+                f"min_tokens={self.min_tokens} exceeds max_tokens={cap}{where}: lower min_tokens or raise max_tokens"
+            )
+        return self
 
 
 SAMPLING_KEYS = frozenset(SamplingParams.model_fields)
@@ -147,48 +160,78 @@ def check_sampling_params(params: Any, cfg: ArcticRLClientConfig) -> dict:
     return params
 
 
-def check_prompts(prompts: Any, n: int, cfg: ArcticRLClientConfig, vocab: int | None = None) -> None:
+def max_prompt_chars(cfg: ArcticRLClientConfig) -> int | None:
+    if cfg.server.max_prompt_chars is not None:
+        return cfg.server.max_prompt_chars
+    limit = cfg.vllm_config.max_seq_len
+    return None if limit is None else PROMPT_CHARS_PER_TOKEN * limit
+
+
+def check_prompts(
+    prompts: Any,
+    n: int,
+    cfg: ArcticRLClientConfig,
+    vocab: int | None = None,
+    count_tokens: Callable[[str], int] | None = None,
+) -> None:
+    """Types, token ids below `vocab`, the row limit, and each prompt shorter than vllm_config.max_seq_len: a
+    token list by its length, a string first by its characters (server.max_prompt_chars, before any tokenizer
+    reads it), then by `count_tokens` where given (the controller's: the model's tokenizer, as vLLM counts)."""
     if not isinstance(prompts, list) or not prompts:
         raise BatchFormatError(
             f"prompts must be a non-empty list of strings or token-id lists, got {type(prompts).__name__}"
         )
+    if len(prompts) * n > cfg.server.max_batch_rows:
+        raise BatchFormatError(
+            f"{len(prompts)} prompts x n={n} = {len(prompts) * n} samples exceeds the server's "
+            f"limit of {cfg.server.max_batch_rows} (server.max_batch_rows)"
+        )
+    chars = max_prompt_chars(cfg)
+    # max_seq_len None: the model's window is unknown here and vLLM enforces its own.
+    limit = cfg.vllm_config.max_seq_len
     for i, p in enumerate(prompts):
         if not (isinstance(p, str) and p) and not _token_list(p, vocab):
             raise BatchFormatError(
                 f"prompts[{i}] must be a non-empty string or list of token ids"
                 f"{f' < {vocab}' if vocab else ''}, got {p!r:.80}"
             )
-        # max_seq_len None: the model's window is unknown here and vLLM enforces its own.
-        limit = cfg.vllm_config.max_seq_len
-        if isinstance(p, list) and limit is not None and len(p) >= limit:
+        if isinstance(p, str) and chars is not None and len(p) > chars:
             raise BatchFormatError(
-                f"prompts[{i}] has {len(p)} tokens; the sampler takes fewer than "
-                f"vllm_config.max_seq_len={cfg.vllm_config.max_seq_len}"
+                f"prompts[{i}] has {len(p)} characters; the server takes at most {chars} "
+                "(server.max_prompt_chars): shorten the prompt"
             )
-    if len(prompts) * n > cfg.server.max_batch_rows:
-        raise BatchFormatError(
-            f"{len(prompts)} prompts x n={n} = {len(prompts) * n} samples exceeds the server's "
-            f"limit of {cfg.server.max_batch_rows} (server.max_batch_rows)"
+        tokens = len(p) if isinstance(p, list) else (count_tokens(p) if count_tokens is not None else None)
+        if tokens is not None and limit is not None and tokens >= limit:
+            raise BatchFormatError(
+                f"prompts[{i}] has {tokens} tokens; the sampler takes fewer than vllm_config.max_seq_len={limit}"
+            )
+
+
+def check_loss_config(lc: Any) -> None:
+    """The keys the engine's post-processor reads from loss_config, whatever the loss: a temperature of 0 divides
+    the logits by zero (NaN loss, NaN weights after the step)."""
+    if lc is None:
+        return
+    if not isinstance(lc, dict):
+        raise ConfigError(f"forward_backward: argument 'loss_config' must be a dict, got {type(lc).__name__}")
+    t = lc.get("temperature")
+    if t is not None and not (_is_number(t) and t > 0):
+        raise ConfigError(
+            f"forward_backward: loss_config['temperature'] must be a finite number > 0 (the sampler's "
+            f"temperature; 1.0 for none), got {t!r:.60}"
         )
+    e = lc.get("compute_entropy")
+    if e is not None and not isinstance(e, bool):
+        raise ConfigError(f"forward_backward: loss_config['compute_entropy'] must be true or false, got {e!r:.60}")
 
 
 def check_batch(batch: Any, required, cfg: ArcticRLClientConfig, vocab: int | None = None) -> None:
-    """validate_batch, plus dtypes, the row limit and token ids within the vocabulary."""
-    B, _, _ = validate_batch(batch, required)
+    """validate_batch against the deployment's limits (vocabulary, max_seq_len), plus the row limit and uids."""
+    limits = BatchLimits(vocab=vocab, max_seq_len=cfg.vllm_config.max_seq_len)
+    B, _, _ = validate_batch(batch, required, limits)
     if B > cfg.server.max_batch_rows:
         raise BatchError(
             f"batch has {B} rows; the server's limit is {cfg.server.max_batch_rows} (server.max_batch_rows)"
-        )
-    for key in INT_KEYS:
-        if key in batch and (batch[key].dtype.is_floating_point or batch[key].dtype.is_complex):
-            raise BatchError(f"batch[{key!r}] must be an integer tensor, got {batch[key].dtype}")
-    for key in FLOAT_KEYS:
-        if key in batch and not batch[key].dtype.is_floating_point:
-            raise BatchError(f"batch[{key!r}] must be a float tensor, got {batch[key].dtype}")
-    ids = batch["input_ids"]
-    if ids.numel() and (int(ids.min()) < 0 or (vocab is not None and int(ids.max()) >= vocab)):
-        raise BatchError(
-            f"batch['input_ids'] holds token ids outside [0, {vocab}): min {int(ids.min())}, max {int(ids.max())}"
         )
     uid = batch.get("uid")
     if uid is not None and not (
@@ -234,11 +277,18 @@ def checkpoint_path(path: Any, cfg: ArcticRLClientConfig) -> Path:
     return resolved
 
 
-def check_request(op: str, args: dict, cfg: ArcticRLClientConfig, vocab: int | None = None) -> None:
-    """Raises a 4xx error (BatchFormatError, ConfigError, UnknownNameError) naming the bad argument."""
+def check_request(
+    op: str,
+    args: dict,
+    cfg: ArcticRLClientConfig,
+    vocab: int | None = None,
+    count_tokens: Callable[[str], int] | None = None,
+) -> None:
+    """Raises a 4xx error (BatchFormatError, ConfigError, UnknownNameError) naming the bad argument. `vocab`: the
+    model's vocabulary size (token ids must be below it); `count_tokens`: a string prompt's length in tokens."""
     if op == "generate":
         params = check_sampling_params(args.get("sampling_params") or {}, cfg)
-        check_prompts(args.get("prompts"), params.get("n", 1), cfg, vocab)
+        check_prompts(args.get("prompts"), params.get("n", 1), cfg, vocab, count_tokens)
     elif op == "sampler_log_probs":
         seqs = _check_type(op, "sequences", args.get("sequences"), list, "a list of token-id lists")
         lens = _check_type(op, "prompt_lens", args.get("prompt_lens"), list, "a list of ints")
@@ -268,9 +318,7 @@ def check_request(op: str, args: dict, cfg: ArcticRLClientConfig, vocab: int | N
                 raise ConfigError(f"log_probs: argument 'temperature' must be a finite number > 0, got {t!r}")
         else:
             check_name("loss_fn", args.get("loss_fn", "grpo"), cfg)
-            lc = args.get("loss_config")
-            if lc is not None and not isinstance(lc, dict):
-                raise ConfigError(f"forward_backward: argument 'loss_config' must be a dict, got {type(lc).__name__}")
+            check_loss_config(args.get("loss_config"))
     elif op in ("sleep", "wake"):
         engine = args.get("engine")
         if engine not in ENGINES:

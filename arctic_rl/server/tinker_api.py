@@ -21,6 +21,7 @@ import asyncio
 import hmac
 import re
 import threading
+import time
 import uuid
 from collections import OrderedDict
 from collections.abc import Callable
@@ -35,16 +36,18 @@ from tinker import types
 from tinker.types.checkpoint import ParsedCheckpointTinkerPath
 from tinker.types.try_again_response import TryAgainResponse
 
-from arctic_rl.config import ArcticRLClientConfig
+from arctic_rl.config import ArcticRLClientConfig, model_vocab_size
 from arctic_rl.errors import ArcticRLError, AuthError, ConfigError, ProtocolError, UnknownNameError
 from arctic_rl.losses import resolve_loss_fn
 from arctic_rl.losses.config import TINKER_LOSSES
 from arctic_rl.server import tinker_convert as conv
+from arctic_rl.server.requests import check_request
 
 PREFIX = "/api/v1"
 PROTO = "application/x-protobuf"
 FUTURE_WAIT_S = 20.0  # retrieve_future long-polls this long (the SDK's own timeout is 45 s) before try_again
-MAX_FUTURES = 4096  # results kept for retrieval; the oldest go first
+MAX_FUTURES = 4096  # finished results kept for retrieval (also bounded by bytes and age); the oldest go first
+MAX_ENTRIES = 4096  # models, sampling sessions and sampler paths kept each; the oldest go first
 NAME = re.compile(r"[A-Za-z0-9._-]{1,128}")
 RUN_ID = re.compile(r"[A-Za-z0-9._:-]{1,200}")
 INITIAL = "tinker/initial"  # the base weights and fresh optimizer, saved at the first create_model
@@ -72,39 +75,219 @@ class Sampler:
 
 @dataclass
 class State:
-    models: dict[str, Model] = field(default_factory=dict)
+    # Keyed by ids the client chooses parts of: each bounded (MAX_ENTRIES), and freed with their session.
+    models: OrderedDict[str, Model] = field(default_factory=OrderedDict)
     current: str | None = None  # the model the trainer holds
-    samplers: dict[str, Sampler] = field(default_factory=dict)
-    sampler_paths: dict[str, int] = field(default_factory=dict)  # tinker path -> sampler weights version
+    samplers: OrderedDict[str, Sampler] = field(default_factory=OrderedDict)
+    sampler_paths: OrderedDict[str, int] = field(default_factory=OrderedDict)  # tinker path -> weights version
     version: int = 0  # the weights the sampler holds
     initial_saved: bool = False
+    sessions: dict[str, float] = field(default_factory=dict)  # session id -> clock of its last heartbeat
+
+
+class TooManyError(ProtocolError):
+    """Over a count the server bounds (requests in flight, sessions): the SDK retries a 429 later."""
+
+    http_status = 429
+
+
+class SessionGoneError(ArcticRLError):
+    """A session that ended or stopped sending heartbeats: 410, on which the SDK stops its heartbeat loop."""
+
+    http_status = 410
+
+
+def _put(od: OrderedDict, key: str, value: Any, keep: str | None = None) -> None:
+    """od[key] = value, the oldest entries (except `keep`) dropped beyond MAX_ENTRIES."""
+    od[key] = value
+    od.move_to_end(key)
+    for old in [k for k in od if k not in (key, keep)][: max(0, len(od) - MAX_ENTRIES)]:
+        del od[old]
+
+
+def _session_of(some_id: str) -> str:
+    """The session a model id ('<session>:train:<n>') or sampler id ('<session>:sample:<n>') belongs to."""
+    return some_id.split(":train:")[0].split(":sample:")[0]
+
+
+@dataclass
+class Entry:
+    future: Future
+    session: str | None
+    done_at: float | None = None  # clock when it finished; None while queued or running
+    nbytes: int = 0  # its result's size, once finished
+
+
+def _result_size(f: Future) -> int:
+    if f.cancelled():
+        return 0
+    e = f.exception()
+    if e is not None:
+        return len(str(e))
+    r = f.result()
+    return len(r.data) if isinstance(r, Proto) else len(r.model_dump_json()) if isinstance(r, BaseModel) else 0
+
+
+class FutureStore:
+    """Futures by request id. Queued or running ones are never evicted (the SDK would get 404 while the work goes
+    on): past `max_pending` of them a new request is refused (429). Finished ones are kept `ttl_s` after they
+    finished, within `max_bytes` of results in all and MAX_FUTURES; beyond, the oldest finished go first (the
+    newest result is kept whatever its size, so the request that just finished can still be retrieved)."""
+
+    def __init__(self, max_pending: int, max_bytes: int, ttl_s: float, clock: Callable[[], float]):
+        self.max_pending, self.max_bytes, self.ttl_s, self.clock = max_pending, max_bytes, ttl_s, clock
+        self.entries: OrderedDict[str, Entry] = OrderedDict()
+        self.bytes = 0
+        self.lock = threading.RLock()  # RLock: cancel() runs the done callback in the cancelling thread
+
+    def add(self, request_id: str, start: Callable[[], Future], session: str | None) -> None:
+        with self.lock:
+            self.purge()
+            pending = sum(e.done_at is None for e in self.entries.values())
+            if pending >= self.max_pending:
+                raise TooManyError(
+                    f"{pending} requests are queued or running, the server's limit "
+                    "(server.tinker_max_pending): retry when some have finished"
+                )
+            entry = self.entries[request_id] = Entry(start(), session)
+        entry.future.add_done_callback(lambda f: self._finished(request_id))
+
+    def _finished(self, request_id: str) -> None:
+        with self.lock:
+            entry = self.entries.get(request_id)
+            if entry is None or entry.done_at is not None:
+                return
+            entry.done_at, entry.nbytes = self.clock(), _result_size(entry.future)
+            self.bytes += entry.nbytes
+            self.purge(newest=request_id)
+
+    def _drop(self, request_id: str) -> None:
+        self.bytes -= self.entries.pop(request_id).nbytes
+
+    def purge(self, newest: str | None = None) -> None:
+        with self.lock:
+            now = self.clock()
+            done = [k for k, e in self.entries.items() if e.done_at is not None]
+            for k in done:
+                if now - self.entries[k].done_at > self.ttl_s and k != newest:  # type: ignore[operator]
+                    self._drop(k)
+            done = [k for k in done if k in self.entries and k != newest]
+            while done and (self.bytes > self.max_bytes or len(done) + (newest is not None) > MAX_FUTURES):
+                self._drop(done.pop(0))
+
+    def get(self, request_id: str) -> Future | None:
+        with self.lock:
+            self.purge()
+            entry = self.entries.get(request_id)
+        return None if entry is None else entry.future
+
+    def cancel(self, request_id: str) -> bool | None:
+        """True: cancelled before it started (it never runs); False: already running or finished; None: unknown."""
+        with self.lock:
+            entry = self.entries.get(request_id)
+            return None if entry is None else entry.future.cancel()
+
+    def drop_session(self, session: str) -> None:
+        """A session's queued futures cancelled (they never run) and its results freed; running ones finish."""
+        with self.lock:
+            for k, e in list(self.entries.items()):
+                if e.session == session and (e.future.cancel() or e.future.done()):
+                    if k in self.entries:
+                        self._drop(k)
 
 
 class TinkerFront:
     """The routes' state and work. `call(op, args)` runs an op with the checks of the /v1 routes."""
 
-    def __init__(self, cfg: ArcticRLClientConfig, call: Callable[[str, dict], Any]):
-        self.cfg, self.call = cfg, call
+    def __init__(
+        self, cfg: ArcticRLClientConfig, call: Callable[[str, dict], Any], clock: Callable[[], float] = time.monotonic
+    ):
+        self.cfg, self.call, self.clock = cfg, call, clock
         self.state = State()
-        self.lock = threading.Lock()  # State is read by the routes (event loop) and written by the workers
+        self.lock = threading.RLock()  # State is read by the routes (event loop) and written by the workers
         self.train = ThreadPoolExecutor(1, thread_name_prefix="tinker-train")
         self.sample = ThreadPoolExecutor(1, thread_name_prefix="tinker-sample")
-        self.futures: OrderedDict[str, Future] = OrderedDict()
+        sc = cfg.server
+        self.futures = FutureStore(sc.tinker_max_pending, sc.tinker_max_result_bytes, sc.tinker_result_ttl_s, clock)
+        self.vocab = model_vocab_size(cfg.model_name, cfg.model_overrides)
+        self.limits = conv.Limits(
+            max_seq_len=cfg.vllm_config.max_seq_len or 2**31,
+            max_rows=sc.max_batch_rows,
+            max_cells=sc.max_batch_tokens,
+        )
+
+    # -- sessions -----------------------------------------------------------------------------------------------
+    def open_session(self) -> str:
+        with self.lock:
+            self.expire_sessions()
+            if len(self.state.sessions) >= self.cfg.server.tinker_max_sessions:
+                raise TooManyError(
+                    f"{len(self.state.sessions)} sessions are open, the server's limit "
+                    "(server.tinker_max_sessions): close a ServiceClient, or wait for idle ones to expire"
+                )
+            session_id = f"s{uuid.uuid4().hex[:16]}"
+            self.state.sessions[session_id] = self.clock()
+        return session_id
+
+    def live_session(self, session_id: str, heartbeat: bool = False) -> None:
+        """Raises SessionGoneError unless `session_id` is open; a heartbeat keeps it open."""
+        with self.lock:
+            self.expire_sessions()
+            if session_id not in self.state.sessions:
+                raise SessionGoneError(
+                    f"session {session_id!r:.80} is unknown, ended, or sent no heartbeat for "
+                    f"{self.cfg.server.tinker_session_ttl_s}s (server.tinker_session_ttl_s): create a new ServiceClient"
+                )
+            if heartbeat:
+                self.state.sessions[session_id] = self.clock()
+
+    def end_session(self, session_id: str) -> None:
+        with self.lock:
+            if self.state.sessions.pop(session_id, None) is None:
+                raise SessionGoneError(f"session {session_id!r:.80} is unknown or ended already")
+            self._free_session(session_id)
+
+    def expire_sessions(self) -> None:
+        with self.lock:
+            now, ttl = self.clock(), self.cfg.server.tinker_session_ttl_s
+            for sid in [s for s, t in self.state.sessions.items() if now - t > ttl]:
+                del self.state.sessions[sid]
+                self._free_session(sid)
+
+    def _free_session(self, session_id: str) -> None:
+        """Its models and sampling sessions forgotten, its queued requests cancelled and its results freed."""
+        st = self.state
+        for name in ("models", "samplers"):
+            od = getattr(st, name)
+            for k in [k for k in od if _session_of(k) == session_id]:
+                del od[k]
+        if st.current is not None and st.current not in st.models:
+            st.current = None
+        self.futures.drop_session(session_id)
 
     # -- futures ------------------------------------------------------------------------------------------------
-    def submit(self, pool: ThreadPoolExecutor, fn: Callable[[], object], model_id: str | None = None) -> dict:
+    def submit(
+        self,
+        pool: ThreadPoolExecutor,
+        fn: Callable[[], object],
+        model_id: str | None = None,
+        session: str | None = None,
+    ) -> dict:
         request_id = uuid.uuid4().hex
-        with self.lock:
-            self.futures[request_id] = pool.submit(fn)
-            while len(self.futures) > MAX_FUTURES:
-                self.futures.popitem(last=False)
+        owner = session if session is not None else (_session_of(model_id) if model_id else None)
+        self.futures.add(request_id, lambda: pool.submit(fn), owner)
         return types.UntypedAPIFuture(request_id=request_id, model_id=model_id).model_dump(exclude_none=True)
 
     async def retrieve(self, request_id: str) -> Response:
-        with self.lock:
-            fut = self.futures.get(request_id)
+        fut = self.futures.get(request_id)
         if fut is None:
             return JSONResponse({"detail": f"unknown request_id {request_id!r:.80}"}, status_code=404)
+        if fut.cancelled():
+            body = types.RequestFailedResponse(
+                error=f"request {request_id} was cancelled before it ran (cancel_future, or its session ended)",
+                category=types.RequestErrorCategory.User,
+            )
+            return JSONResponse(body.model_dump(mode="json"))
         try:
             result = await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(fut)), FUTURE_WAIT_S)
         except TimeoutError:
@@ -165,7 +348,7 @@ class TinkerFront:
             self.call("load_checkpoint", {"path": INITIAL})
         with self.lock:
             self.state.initial_saved = True
-            self.state.models[model_id] = Model(model_id, lora_rank)
+            _put(self.state.models, model_id, Model(model_id, lora_rank))
             self.state.current = model_id
 
     def info(self, model_id: str) -> types.GetInfoResponse:
@@ -232,7 +415,7 @@ class TinkerFront:
             "load_checkpoint", {"path": self._ckpt(parsed.training_run_id, parsed.checkpoint_id.split("/", 1)[1])}
         )
         with self.lock:
-            self.state.models.setdefault(model_id, Model(model_id, self.lora_rank(None)))
+            _put(self.state.models, model_id, self.state.models.get(model_id) or Model(model_id, self.lora_rank(None)))
             self.state.current = model_id
         return types.LoadWeightsResponse(path=path, model_id=model_id)
 
@@ -246,14 +429,15 @@ class TinkerFront:
             version = self.state.version
             if req.path is not None:
                 path = f"tinker://{req.model_id}/sampler_weights/{req.path}"
-                self.state.sampler_paths[path] = version
+                _put(self.state.sampler_paths, path, version)
                 return types.SaveWeightsForSamplerResponseInternal(path=path)
             sampler_id = f"{session_id}:sample:{req.sampling_session_seq_id}"
-            self.state.samplers[sampler_id] = Sampler(sampler_id, version, None)
+            _put(self.state.samplers, sampler_id, Sampler(sampler_id, version, None))
         return types.SaveWeightsForSamplerResponseInternal(sampling_session_id=sampler_id)
 
     # -- sampling (on the sampling worker) ----------------------------------------------------------------------
     def new_sampler(self, req: types.CreateSamplingSessionRequest) -> str:
+        self.live_session(req.session_id)
         sampler_id = f"{req.session_id}:sample:{req.sampling_session_seq_id}"
         with self.lock:
             if req.model_path is not None:
@@ -263,7 +447,7 @@ class TinkerFront:
             else:
                 self.check_base_model(req.base_model)
                 version = 0
-            self.state.samplers[sampler_id] = Sampler(sampler_id, version, req.model_path)
+            _put(self.state.samplers, sampler_id, Sampler(sampler_id, version, req.model_path))
         return sampler_id
 
     def sampler(self, sampler_id: str | None) -> Sampler:
@@ -278,6 +462,12 @@ class TinkerFront:
                 f"holds version {current} now (one set of weights per deployment; create a new sampling client)"
             )
         return s
+
+    def check_sample(self, req: types.SampleRequest) -> None:
+        """The generate op's checks (num_samples within server.max_n, the prompt's length and token ids), when the
+        request is sent: a refused request gets a 4xx, not a future."""
+        params = conv.sampling_params(req.sampling_params, req.num_samples)
+        check_request("generate", {"prompts": [req.prompt.to_ints()], "sampling_params": params}, self.cfg, self.vocab)
 
     def run_sample(self, req: types.SampleRequest) -> Proto:
         self.sampler(req.sampling_session_id)
@@ -294,6 +484,12 @@ class TinkerFront:
         return Proto(conv.sample_response(samples, prompt_lp))
 
 
+class CancelRequest(BaseModel):
+    """The SDK's cancel_future body (it has no type of its own for it)."""
+
+    request_id: str
+
+
 def _parse(model: type[BaseModel], body: bytes, what: str):
     try:
         return model.model_validate_json(body or b"{}")
@@ -308,10 +504,11 @@ def mount(
     cfg: ArcticRLClientConfig,
     call: Callable[[str, dict], Any],
     read_body: Callable,
+    clock: Callable[[], float] = time.monotonic,
 ) -> TinkerFront:
     """Adds the Tinker routes to `app`. `call(op, args)` runs an op with the /v1 routes' checks; `read_body`
-    reads a request's bytes under the server's size limit."""
-    front = TinkerFront(cfg, call)
+    reads a request's bytes under the server's size limit; `clock` times sessions and results."""
+    front = TinkerFront(cfg, call, clock)
     token = cfg.auth_token
 
     def check_auth(request: Request) -> None:
@@ -366,15 +563,16 @@ def mount(
 
     @route("/client/dynamic_config")
     async def dynamic_config(request, body):
-        return types.ClientDynamicConfigResponse()
+        return types.ClientDynamicConfigResponse(sample_cancel_enabled=True)  # abandoned samples: cancel_future
 
     @route("/create_session")
     async def create_session(request, body):
         _parse(types.CreateSessionRequest, body, "create_session")
-        return types.CreateSessionResponse(session_id=f"s{uuid.uuid4().hex[:16]}")
+        return types.CreateSessionResponse(session_id=front.open_session())
 
     @route("/session_heartbeat")
     async def heartbeat(request, body):
+        front.live_session(_parse(types.SessionHeartbeatRequest, body, "session_heartbeat").session_id, heartbeat=True)
         return types.SessionHeartbeatResponse()
 
     @route("/telemetry")
@@ -383,11 +581,15 @@ def mount(
 
     @route("/sessions/{session_id}/finish")
     async def finish(request, body):
+        front.end_session(request.path_params["session_id"])
         return JSONResponse(None)
 
     @route("/cancel_future")
     async def cancel(request, body):
-        return JSONResponse(None)
+        req = _parse(CancelRequest, body, "cancel_future")
+        if front.futures.cancel(req.request_id) is None:
+            return JSONResponse({"detail": f"unknown request_id {req.request_id!r:.80}"}, status_code=404)
+        return JSONResponse(None)  # a running request finishes; a queued one never runs
 
     @route("/create_model")
     async def create_model(request, body):
@@ -396,6 +598,7 @@ def mount(
         rank = front.lora_rank(req.lora_config)
         if not isinstance(req.optimizer_config, types.AdamOptimizerConfig):
             raise ConfigError(f"optimizer_config.type={req.optimizer_config.type!r}: only 'adamw' is supported")
+        front.live_session(req.session_id)
         model_id = f"{req.session_id}:train:{req.model_seq_id}"
 
         def run():
@@ -412,8 +615,9 @@ def mount(
     async def forward_backward(request, body):
         if request.headers.get("content-encoding"):
             raise ProtocolError("compressed forward_backward bodies are not accepted (client config says so)")
-        call = conv.parse_forward_backward(body)
+        call = conv.parse_forward_backward(body, front.limits)  # sizes checked before anything is decoded
         conv.check_loss_fn(call.loss_fn)
+        conv.check_inputs(call)
         return front.submit(front.train, lambda: front.forward_backward(call), call.model_id)
 
     @route("/optim_step")
@@ -436,6 +640,7 @@ def mount(
             if req.session_id is None or req.model_seq_id is None:
                 raise ProtocolError("load_weights needs model_id, or session_id and model_seq_id")
             front.check_base_model(req.base_model)
+            front.live_session(req.session_id)
             model_id = f"{req.session_id}:train:{req.model_seq_id}"
         else:
             model_id = req.model_id
@@ -469,7 +674,9 @@ def mount(
                 raise ConfigError(f"{what} is not supported by this server")
         if req.target_prompt_logprobs is not None or req.prompt_logprobs_last_n is not None:
             raise ConfigError("target_prompt_logprobs / prompt_logprobs_last_n are not supported by this server")
-        out = front.submit(front.sample, lambda: front.run_sample(req))
+        front.check_sample(req)  # before sample_sequence_ids, which num_samples sizes
+        session = _session_of(req.sampling_session_id or "")
+        out = front.submit(front.sample, lambda: front.run_sample(req), session=session)
         out["sample_sequence_ids"] = [f"{out['request_id']}:{k}" for k in range(req.num_samples)]
         return out
 

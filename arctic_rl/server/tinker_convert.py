@@ -15,6 +15,7 @@ Legend: B rows, N targets of a datum, P prompt columns, R response columns.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,7 +24,7 @@ import torch
 from google.protobuf.message import DecodeError
 from tinker import types
 from tinker.proto import tinker_public_pb2 as pb
-from tinker.proto.response_conv import _tensor_data_from_proto
+from tinker.proto.response_conv import _PROTO_DTYPE_TO_NUMPY, _tensor_data_from_proto
 
 from arctic_rl.batch import Batch
 from arctic_rl.errors import BatchFormatError, ProtocolError, UnknownNameError
@@ -43,6 +44,17 @@ LOSS_CARRIER = {
 }
 
 
+@dataclass(frozen=True)
+class Limits:
+    """What one forward_backward request may hold (the server's config), checked on the declared sizes before
+    anything is allocated: a sparse tensor's shape, or the padding of every datum to the longest, would
+    otherwise turn a small body into gigabytes."""
+
+    max_seq_len: int  # tokens of a datum's full sequence (vllm_config.max_seq_len)
+    max_rows: int  # datums (server.max_batch_rows)
+    max_cells: int  # rows x padded columns of the batch built from them (server.max_batch_tokens)
+
+
 @dataclass
 class ForwardBackwardCall:
     model_id: str
@@ -53,8 +65,9 @@ class ForwardBackwardCall:
     data: list[types.Datum]
 
 
-def parse_forward_backward(body: bytes) -> ForwardBackwardCall:
-    """The SDK's protobuf ForwardBackwardRequest, as SDK types; ProtocolError / BatchFormatError name what is wrong."""
+def parse_forward_backward(body: bytes, limits: Limits) -> ForwardBackwardCall:
+    """The SDK's protobuf ForwardBackwardRequest, as SDK types, within `limits`; ProtocolError / BatchFormatError
+    name what is wrong."""
     msg = pb.ForwardBackwardRequest()
     try:
         msg.ParseFromString(body)
@@ -63,6 +76,7 @@ def parse_forward_backward(body: bytes) -> ForwardBackwardCall:
     config: dict[str, float | str] = {k: float(v) for k, v in msg.loss_fn_config.items()}
     for k, v in msg.loss_fn_config_v2.items():  # the SDK writes both; v2 carries strings too and wins
         config[k] = v.text if v.WhichOneof("value") == "text" else float(v.number)
+    _check_sizes(msg, limits)
     data = []
     for i, d in enumerate(msg.data):
         tokens: list[int] = []
@@ -77,6 +91,61 @@ def parse_forward_backward(body: bytes) -> ForwardBackwardCall:
             raise BatchFormatError(f"data[{i}].loss_fn_inputs: {e}") from None
         data.append(types.Datum(model_input=types.ModelInput.from_ints(tokens), loss_fn_inputs=inputs))
     return ForwardBackwardCall(msg.model_id, msg.seq_id, msg.loss_fn, config, msg.forward_only, data)
+
+
+def _declared_numel(t: pb.Tensor) -> int:
+    """How many elements `t` becomes once dense: its declared shape's product, or what it stores if more."""
+    if any(n < 0 for n in t.shape):
+        raise ValueError(f"negative dimension in shape {list(t.shape)}")
+    itemsize = np.dtype(_PROTO_DTYPE_TO_NUMPY.get(t.dtype, np.uint8)).itemsize
+    stored = len(t.sparse_csr.values if t.HasField("sparse_csr") else t.dense) // itemsize
+    return max(stored, math.prod(t.shape))
+
+
+def _check_sizes(msg: pb.ForwardBackwardRequest, limits: Limits) -> None:
+    """Datums, tokens per datum, every loss_fn_input's declared size, and the padded batch, before decoding."""
+    B = len(msg.data)
+    if B > limits.max_rows:
+        raise BatchFormatError(
+            f"forward_backward: {B} datums exceeds the server's limit of {limits.max_rows} (server.max_batch_rows)"
+        )
+    longest = 0
+    for i, d in enumerate(msg.data):
+        # int32 token bytes; the full sequence is the input plus its last target
+        n = sum(len(c.encoded_text.tokens) // 4 for c in d.model_input if c.WhichOneof("chunk") == "encoded_text")
+        if n + 1 > limits.max_seq_len:
+            raise BatchFormatError(
+                f"data[{i}].model_input has {n} tokens; a datum's sequence (input plus its last target) takes at "
+                f"most vllm_config.max_seq_len={limits.max_seq_len} tokens"
+            )
+        for name, t in d.loss_fn_inputs.items():
+            try:
+                numel = _declared_numel(t)
+            except ValueError as e:
+                raise BatchFormatError(f"data[{i}].loss_fn_inputs[{name!r}]: {e}") from None
+            if numel > limits.max_seq_len:
+                raise BatchFormatError(
+                    f"data[{i}].loss_fn_inputs[{name!r}] declares shape {list(t.shape)} ({numel} elements); one "
+                    f"entry per input token is expected, at most vllm_config.max_seq_len={limits.max_seq_len}"
+                )
+        longest = max(longest, n + 1)
+    if B * longest > limits.max_cells:
+        raise BatchFormatError(
+            f"forward_backward: {B} datums padded to the longest ({longest} tokens) make {B * longest} cells; "
+            f"the server's limit is {limits.max_cells} (server.max_batch_tokens): send fewer or shorter datums"
+        )
+
+
+def check_inputs(call: ForwardBackwardCall) -> None:
+    """Every datum's loss_fn_inputs are those `call.loss_fn` reads (an unknown key would be ignored silently)."""
+    known = ["target_tokens", *INPUTS[call.loss_fn]]
+    for i, d in enumerate(call.data):
+        unknown = sorted(set(d.loss_fn_inputs) - set(known))
+        if unknown:
+            raise BatchFormatError(
+                f"data[{i}].loss_fn_inputs has unknown key(s) {[k[:60] for k in unknown]}; loss_fn "
+                f"{call.loss_fn!r} reads {known}"
+            )
 
 
 def check_loss_fn(name: str) -> None:

@@ -13,7 +13,7 @@ from mlflow.tracking import MlflowClient
 
 from arctic_rl import tracking
 from arctic_rl.config import ArcticRLClientConfig, record_deployment
-from arctic_rl.errors import ConfigError
+from arctic_rl.errors import BatchFormatError, ConfigError
 from arctic_rl.loop import open_tracker
 from arctic_rl.runconfig import parse_run_config
 
@@ -316,3 +316,134 @@ def test_the_token_can_come_from_the_environment(monkeypatch):
     monkeypatch.setenv("ARCTIC_RL_TOKEN", TOKEN)
     cfg = ArcticRLClientConfig(model_name=MODEL, comm_protocol="http", host="0.0.0.0")
     assert cfg.auth_token == TOKEN and TOKEN not in cfg.to_json()
+
+
+# -- every request's values, against the deployment's model (its vocabulary and max_seq_len) -------------------
+
+SEQ = 128  # the deployment's vllm_config.max_seq_len in these tests
+
+
+def _model_app(tmp_path, model):
+    from fastapi.testclient import TestClient
+
+    from arctic_rl.server.http import build_app
+
+    cfg = ArcticRLClientConfig(
+        model_name=str(model),
+        comm_protocol="http",
+        vllm_config={"max_seq_len": SEQ},
+        server={"checkpoint_root": str(tmp_path / "root")},
+    )
+    return TestClient(build_app(None, cfg)), cfg  # handle=None: a request past the checks would be a 500
+
+
+def _with(**changes):
+    """_batch() with `changes` applied (a callable gets the batch and returns the new value)."""
+    b = _batch()
+    for k, v in changes.items():
+        b[k] = v(b) if callable(v) else v
+    return b
+
+
+def _long_batch():
+    ids = torch.randint(1, 50, (2, SEQ + 1))
+    return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "responses": ids[:, -3:].clone()}
+
+
+def _typed(dtype):
+    b = _batch()
+    b["input_ids"] = b["input_ids"].to(dtype)
+    b["responses"] = b["input_ids"][:, 3:].clone()
+    return b
+
+
+def _out_of_vocab(vocab):
+    b = _batch()
+    b["input_ids"][0, 0] = vocab
+    return b
+
+
+BAD_VALUES = [  # (op, arguments from the vocabulary V, what the answer must name; VOCAB reads V)
+    ("log_probs", lambda V: {"batch": _long_batch()}, ["input_ids", f"max_seq_len={SEQ}"]),
+    ("log_probs", lambda V: {"batch": _typed(torch.bool)}, ["input_ids", "torch.bool", "int64"]),
+    ("log_probs", lambda V: {"batch": _typed(torch.uint8)}, ["input_ids", "torch.uint8", "int64"]),
+    ("log_probs", lambda V: {"batch": _out_of_vocab(V)}, ["input_ids", "[0, VOCAB)", "max VOCAB"]),
+    (
+        "log_probs",
+        lambda V: {"batch": _with(position_ids=lambda b: torch.full_like(b["input_ids"], 10**9))},
+        ["position_ids", f"max_seq_len={SEQ}", str(10**9)],
+    ),
+    (
+        "forward_backward",
+        lambda V: {"batch": _with(attention_mask=lambda b: -torch.ones_like(b["input_ids"]))},
+        ["attention_mask", "0 or 1", "min -1"],
+    ),
+    ("forward_backward", lambda V: {"batch": _with(response_mask=lambda b: 2 * b["response_mask"])}, ["response_mask"]),
+    ("log_probs", lambda V: {"batch": _with(extra_key=torch.zeros(2, 3))}, ["extra_key", "input_ids"]),
+    ("generate", lambda V: {"prompts": ["x" * (16 * SEQ + 1)]}, ["prompts[0]", "max_prompt_chars", str(16 * SEQ)]),
+    ("generate", lambda V: {"prompts": [[1, V]]}, ["prompts[0]", "< VOCAB"]),
+    (
+        "generate",
+        lambda V: {"prompts": ["hi"], "sampling_params": {"min_tokens": 9, "max_tokens": 4}},
+        ["min_tokens=9", "max_tokens=4"],
+    ),
+    ("generate", lambda V: {"prompts": ["hi"], "sampling_params": {"min_tokens": 20}}, ["min_tokens=20", "16"]),
+    (
+        "forward_backward",
+        lambda V: {"batch": _batch(), "loss_fn": "sft", "loss_config": {"temperature": 0.0}},
+        ["loss_config['temperature']", "> 0"],
+    ),
+    (
+        "forward_backward",
+        lambda V: {"batch": _batch(), "loss_fn": "grpo", "loss_config": {"temperature": -1}},
+        ["loss_config['temperature']"],
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    "op,args,names", BAD_VALUES, ids=[f"{op}-{n[0]}-{i}" for i, (op, _, n) in enumerate(BAD_VALUES)]
+)
+def test_a_value_outside_the_models_limits_is_a_4xx_naming_it(tmp_path, tiny_llama, op, args, names):
+    from arctic_rl.config import model_vocab_size
+
+    app, cfg = _model_app(tmp_path, tiny_llama)
+    vocab = model_vocab_size(str(tiny_llama), {})
+    assert vocab is not None and vocab < 1000  # from the model's config.json, as the server reads it
+    kwargs = args(vocab)
+    kwargs.setdefault("sampling_params", {}) if op == "generate" else None
+    r = _post(app, op, **kwargs)
+    assert 400 <= r.status_code < 500, (r.status_code, r.text[:300])
+    for name in names:
+        assert name.replace("VOCAB", str(vocab)) in r.json()["message"], (name, r.json())
+
+
+def test_the_controllers_checks_count_a_string_prompts_tokens(tiny_llama):
+    """What the controller runs on every op (both transports) raises the typed error itself: a string prompt is
+    counted by the model's tokenizer before a sampler sees it."""
+    from transformers import AutoTokenizer
+
+    from arctic_rl.server.requests import check_request
+
+    cfg = ArcticRLClientConfig(model_name=str(tiny_llama), vllm_config={"max_seq_len": SEQ})
+    tok = AutoTokenizer.from_pretrained(str(tiny_llama))
+    words = "the quick brown fox " * 40  # under max_prompt_chars, over SEQ tokens
+    assert len(words) <= 16 * SEQ and len(tok.encode(words)) >= SEQ
+
+    def count(p):
+        return len(tok.encode(p))
+
+    with pytest.raises(BatchFormatError, match=rf"prompts\[1\] has {count(words)} tokens.*max_seq_len={SEQ}"):
+        check_request("generate", {"prompts": ["hi", words], "sampling_params": {}}, cfg, 512, count)
+    check_request("generate", {"prompts": ["hi"], "sampling_params": {}}, cfg, 512, count)
+    with pytest.raises(BatchFormatError, match=r"batch\['position_ids'\] holds values outside"):
+        check_request("log_probs", {"batch": _with(position_ids=lambda b: b["input_ids"] * 0 + SEQ)}, cfg, 512)
+
+
+def test_a_zero_temperature_in_the_loss_config_would_make_the_loss_nan():
+    """Why the check exists: the post-processor divides the logits by loss_config['temperature']."""
+    from arctic_rl.losses.postprocess import log_probs_and_entropy
+
+    logits, labels = torch.randn(4, 10), torch.randint(0, 10, (4,))
+    assert torch.isnan(log_probs_and_entropy(logits, labels, {"temperature": 0.0})["log_probs"]).any()
+    assert torch.isfinite(log_probs_and_entropy(logits, labels, {"temperature": 1.0})["log_probs"]).all()

@@ -21,6 +21,8 @@ from arctic_rl.losses import resolve_loss_fn
 from arctic_rl.losses.config import TINKER_LOSSES
 from arctic_rl.server import tinker_convert as conv
 
+LIMITS = conv.Limits(max_seq_len=256, max_rows=64, max_cells=4096)
+
 B, R = 4, 5
 LENGTHS = [5, 3, 1, 4]
 
@@ -185,12 +187,12 @@ def test_the_forward_backward_protobuf_round_trips_through_the_sdks_own_codecs()
         model_id="m",
         seq_id=3,
     )
-    call = conv.parse_forward_backward(forward_backward_request_to_proto(req).SerializeToString())
+    call = conv.parse_forward_backward(forward_backward_request_to_proto(req).SerializeToString(), LIMITS)
     assert (call.model_id, call.seq_id, call.loss_fn, call.loss_fn_config) == ("m", 3, "ppo", {"beta": 0.1})
     assert call.data[0].model_input.to_ints() == [1, 2, 3, 4]
     np.testing.assert_array_equal(call.data[0].loss_fn_inputs["weights"].to_numpy(), [0, 0, 1.0, 0.5])
     with pytest.raises(Exception, match="not a ForwardBackwardRequest"):
-        conv.parse_forward_backward(b"\xff\xff\xff")
+        conv.parse_forward_backward(b"\xff\xff\xff", LIMITS)
     out = deserialize_forward_backward_output(
         conv.forward_backward_output(
             [np.array([-1.0, -2.0], np.float32), np.array([-3.0], np.float32)], {"loss:sum": 2.5}
