@@ -246,6 +246,28 @@ class ServerConfig(Strict):
     tinker_result_ttl_s: float = Field(
         900.0, gt=0, description="a finished Tinker result is kept this long for retrieve_future"
     )
+    max_json_bytes: int = Field(
+        64 << 20,
+        ge=1024,
+        description="largest JSON part of a /v1 request (its tensors aside): parsing it holds the server's event "
+        "loop, about 1 s per 30 MB",
+    )
+    allowed_hosts: list[str] = Field(
+        default_factory=list,
+        description=(
+            "host names an HTTP request's Host (and a browser's Origin) may name besides the bound address (and, on "
+            "loopback, localhost); any other is refused (DNS rebinding). Bound to 0.0.0.0 / :: with none listed, "
+            "every Host is taken (the bearer token guards such a server)"
+        ),
+    )
+    max_concurrent_requests: int = Field(
+        64, ge=1, description="HTTP requests in flight at once (/healthz aside); one more is answered 503"
+    )
+    result_cache_entries: int = Field(
+        1024, ge=1, description="answers of requests with an id kept so a retry gets the answer, not a second run"
+    )
+    result_cache_bytes: int = Field(256 << 20, ge=0, description="bytes of such answers kept (oldest go first)")
+    result_cache_age_s: float = Field(600.0, gt=0, description="seconds such an answer is kept for a retry")
 
     def resolved(self) -> ServerConfig:
         """checkpoint_root as an absolute path, its default filled in (run where the deployment starts)."""

@@ -67,6 +67,32 @@ class AuthError(ArcticRLError):
     http_status = 401
 
 
+class ForbiddenError(ArcticRLError):
+    """A request from a browser page of another site, or naming a host the server does not serve (DNS rebinding)."""
+
+    http_status = 403
+
+
+class MediaTypeError(ProtocolError):
+    """A request body of a content type the route does not take (a browser's cross-site form or text/plain POST)."""
+
+    http_status = 415
+
+
+class ServerBusyError(ArcticRLError):
+    """More requests in flight than server.max_concurrent_requests, or an engine's lock held past
+    request_timeout_s by another request: nothing ran; send it again later."""
+
+    http_status = 503
+
+
+class RequestTimeoutError(ArcticRLError):
+    """The controller did not answer within request_timeout_s; the op may still be running: a retry with the same
+    request id returns its result once it is done, never runs it twice."""
+
+    http_status = 504
+
+
 ERRORS = {
     c.__name__: c
     for c in (
@@ -81,5 +107,9 @@ ERRORS = {
         ProtocolError,
         TooLargeError,
         AuthError,
+        ForbiddenError,
+        MediaTypeError,
+        ServerBusyError,
+        RequestTimeoutError,
     )
 }

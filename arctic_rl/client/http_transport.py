@@ -1,5 +1,10 @@
 """HTTP transport: `POST /v1/<op>` (arctic_rl.ops.route) with wire messages. With no server at host:port (and no job_id),
-starts `arctic-rl serve` on this machine and waits for it."""
+starts `arctic-rl serve` on this machine and waits for it.
+
+With a token, the server first proves it holds it (arctic_rl/handshake.py): until it has, no request carries
+the token or any data. Every request carries a fresh id (REQUEST_ID_HEADER); a request whose answer was lost
+(connection dropped, read timeout) is sent again with the same id, and the server answers it from the first
+run instead of running it again (a retried forward_backward never doubles the gradient)."""
 
 from __future__ import annotations
 
@@ -8,13 +13,19 @@ import os
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 
 import httpx
 
-from arctic_rl import ops, wire
+from arctic_rl import handshake, ops, wire
 from arctic_rl.config import TOKEN_ENV, ArcticRLClientConfig, state_dir
-from arctic_rl.errors import ERRORS, ArcticRLError, EngineDeadError
+from arctic_rl.errors import ERRORS, ArcticRLError, AuthError, EngineDeadError
+
+REQUEST_ID_HEADER = "x-arctic-rl-request-id"  # the server's (arctic_rl/server/http.py; the client imports no server)
+RETRIES = 2  # sends of a request again after its answer was lost, with the same id
+# The server answers a request that outlives request_timeout_s itself (504): wait that long and a little more.
+TIMEOUT_MARGIN_S = 30.0
 
 
 def _server_log(config: ArcticRLClientConfig) -> Path:
@@ -44,19 +55,38 @@ def _follow(log, proc: subprocess.Popen, deadline: float):
         time.sleep(0.1)
 
 
+def authenticate(http: httpx.Client, token: str, port: int) -> None:
+    """Raises AuthError unless the server at `http`'s base URL proves it holds `token` (arctic_rl/handshake.py).
+    Sends a nonce only: no token, no data."""
+    nonce = handshake.new_nonce()
+    try:
+        r = http.get(handshake.PROOF_ROUTE, params={"nonce": nonce}, timeout=30.0)
+        answer = r.json().get("proof") if r.status_code == 200 else None
+    except (httpx.TransportError, ValueError, AttributeError):
+        answer = None
+    if not handshake.verify(token, nonce, port, answer):
+        raise AuthError(
+            f"the server at {http.base_url} did not prove it holds this client's token (a wrong token, or not "
+            f"the arctic-rl server meant: another process may hold port {port}); nothing was sent to it"
+        )
+
+
 class HttpTransport:
     def __init__(self, config: ArcticRLClientConfig):
         self.base = f"http://{config.host}:{config.port}"
         # The token: the config's, else ARCTIC_RL_TOKEN (a config read back from a record or a server
         # never holds one).
         self.token = config.auth_token or os.environ.get(TOKEN_ENV) or None
-        headers = {"authorization": f"Bearer {self.token}"} if self.token else {}
-        self.http = httpx.Client(base_url=self.base, headers=headers, timeout=config.request_timeout_s)
+        # No token in the headers until the server proved it holds it (_authenticate).
+        self.http = httpx.Client(base_url=self.base, timeout=config.request_timeout_s + TIMEOUT_MARGIN_S)
         self.proc: subprocess.Popen | None = None
         if not self._alive():
             if config.job_id is not None:
                 raise EngineDeadError(f"no arctic-rl server answers at {self.base} (job {config.job_id})")
             self._start_server(config)
+        if self.token:
+            authenticate(self.http, self.token, config.port)
+            self.http.headers["authorization"] = f"Bearer {self.token}"
         self.config = ArcticRLClientConfig.from_json(self.call("reconnect_config")).model_copy(
             update={"auth_token": self.token}
         )
@@ -117,12 +147,19 @@ class HttpTransport:
         print(f"[arctic-rl] server up in {time.time() - t0:.0f}s (log: {self.log_path})", file=sys.stderr, flush=True)
 
     def call(self, op: str, **kwargs):
-        try:
-            r = self.http.post(ops.route(op), content=wire.encode(kwargs), headers={"content-type": wire.CONTENT_TYPE})
-        except httpx.TransportError as e:
-            if op == "shutdown":
-                return "ok"
-            raise EngineDeadError(f"arctic-rl server at {self.base} unreachable: {e}") from None
+        body = wire.encode(kwargs)
+        headers = {"content-type": wire.CONTENT_TYPE, REQUEST_ID_HEADER: uuid.uuid4().hex}
+        for attempt in range(RETRIES + 1):
+            try:
+                r = self.http.post(ops.route(op), content=body, headers=headers)
+                break
+            except httpx.TransportError as e:
+                if op == "shutdown":
+                    return "ok"
+                # Sent again, same id: if the first one ran, the server answers from it instead of running it again.
+                if attempt < RETRIES and not isinstance(e, httpx.ConnectError):
+                    continue
+                raise EngineDeadError(f"arctic-rl server at {self.base} unreachable: {e}") from None
         if r.status_code != 200:
             try:
                 err = r.json()

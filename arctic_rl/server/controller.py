@@ -25,7 +25,7 @@ import torch
 from arctic_rl import ops
 from arctic_rl.batch import LOG_PROBS_KEYS, TRAIN_KEYS, Batch, select_rows, split_micro_batches, validate_batch
 from arctic_rl.config import ArcticRLClientConfig, forget_deployment, sampler_dtype
-from arctic_rl.errors import ArcticRLError, ConfigError, EngineDeadError, EngineError
+from arctic_rl.errors import ArcticRLError, ConfigError, EngineDeadError, EngineError, ServerBusyError
 from arctic_rl.losses import load_loss_modules, resolve_loss_fn
 from arctic_rl.server import placement, startup, weight_check
 from arctic_rl.server.placers import make_placer
@@ -127,7 +127,7 @@ class Controller:
         for e in engines:
             if self.asleep[e]:
                 raise EngineError(f"the {e} engine is asleep: call wake({e!r}) first")
-        return _MultiLock([self.locks[e] for e in engines])
+        return _MultiLock({e: self.locks[e] for e in engines}, self.cfg.request_timeout_s)
 
     def _sampler_locked(self) -> _MultiLock:
         """For ops that sample with the sampler's weights (not sync_weights, which reloads them)."""
@@ -353,7 +353,7 @@ class Controller:
         and the seconds. An engine without workers (no reference deployed) only records the flag."""
         t0 = time.time()
         actors = self.groups[engine]
-        with self.locks[engine]:
+        with _MultiLock({engine: self.locks[engine]}, self.cfg.request_timeout_s):
             if engine == "sampling":
                 level = level or 1
                 refs = [s.sleep.remote(level) if sleep else s.wake.remote() for s in actors]
@@ -474,16 +474,27 @@ def get_in_completion_order(tagged: list[tuple[str, ray.ObjectRef]], get) -> lis
 
 
 class _MultiLock:
-    def __init__(self, locks: list[threading.Lock]):
-        self.locks = locks
+    """The engines' locks, taken in order within `timeout_s` in all: a request waiting behind one that hangs
+    gets a ServerBusyError naming the engine instead of waiting forever."""
+
+    def __init__(self, locks: dict[str, threading.Lock], timeout_s: float):
+        self.locks, self.timeout_s = locks, timeout_s
+        self.held: list[threading.Lock] = []
 
     def __enter__(self):
-        for lock in self.locks:
-            lock.acquire()
+        deadline = time.monotonic() + self.timeout_s
+        for engine, lock in self.locks.items():
+            if not lock.acquire(timeout=max(0.0, deadline - time.monotonic())):
+                self.__exit__()
+                raise ServerBusyError(
+                    f"the {engine} engine is busy: another request held it for over request_timeout_s="
+                    f"{self.timeout_s:g}s; nothing ran, send it again later"
+                )
+            self.held.append(lock)
 
     def __exit__(self, *exc):
-        for lock in reversed(self.locks):
-            lock.release()
+        while self.held:
+            self.held.pop().release()
 
 
 def _reduce_metrics(per_mb: list[dict]) -> dict[str, float]:

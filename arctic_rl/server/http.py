@@ -3,17 +3,23 @@ message (arctic_rl.wire: JSON tree + safetensors; never pickle) holding the op's
 the answer is a wire message, or JSON {"type", "message"} with a 4xx/5xx status.
 
 Binds to loopback by default; any other host requires a bearer token (from ARCTIC_RL_TOKEN or
---token-file, never the command line). Bodies are size-capped (server.max_body_bytes) and parsed
-defensively; every request's arguments are checked (arctic_rl.server.requests) before the controller
-sees them: a malformed request gets a 4xx naming the argument and the server stays healthy.
+--token-file, never the command line). Before any route: the Host and Origin checks and the concurrency cap
+(arctic_rl/server/edges.py); a route takes its own content type only. Bodies are size-capped
+(server.max_body_bytes) and decoded off the event loop; every request's arguments are checked
+(arctic_rl.server.requests) before the controller sees them: a malformed request gets a 4xx naming the
+argument and the server stays healthy. `GET /auth/proof` proves to a client that this server holds the token
+(arctic_rl/handshake.py). A request carrying an id (REQUEST_ID_HEADER) is run once: a retry gets its answer.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import hashlib
 import hmac
 import json
 import os
+import re
 import socket
 import sys
 import threading
@@ -24,7 +30,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from starlette.concurrency import run_in_threadpool
 
-from arctic_rl import ops, wire
+from arctic_rl import handshake, ops, wire
 from arctic_rl.config import TOKEN_ENV, ArcticRLClientConfig, model_vocab_size
 from arctic_rl.errors import (
     ERRORS,
@@ -34,21 +40,37 @@ from arctic_rl.errors import (
     EngineDeadError,
     EngineError,
     ProtocolError,
+    RequestTimeoutError,
     TooLargeError,
 )
 from arctic_rl.losses import load_loss_modules
 from arctic_rl.server.deploy import deploy
+from arctic_rl.server.edges import Answer, EdgeGuard, Entry, ResultCache, allowed_hosts, check_content_type
 from arctic_rl.server.requests import check_request
 
+REQUEST_ID_HEADER = "x-arctic-rl-request-id"
+REQUEST_ID = re.compile(r"[A-Za-z0-9_-]{1,128}")
+# Answered afresh every time: read-only, and a kept answer would be stale.
+NOT_KEPT = frozenset({"health", "reconnect_config"})
 
-def _error(e: ArcticRLError) -> JSONResponse:
+
+def _error(e: ArcticRLError) -> Response:
+    return _answer_response(_error_answer(e))
+
+
+def _error_answer(e: ArcticRLError) -> Answer:
     # the nearest class the client knows by name (subclasses such as batch.BatchError map to their base)
     name = next(c.__name__ for c in type(e).__mro__ if c.__name__ in ERRORS)
-    return JSONResponse({"type": name, "message": str(e)}, status_code=e.http_status)
+    return Answer(e.http_status, json.dumps({"type": name, "message": str(e)}).encode(), "application/json")
 
 
-async def read_bytes(request: Request, max_body: int) -> bytes:
-    """The request's body, refused (TooLargeError) once it exceeds `max_body` bytes, whatever its header says."""
+def _answer_response(a: Answer) -> Response:
+    return Response(a.body, status_code=a.status, media_type=a.media_type)
+
+
+async def read_bytes(request: Request, max_body: int) -> bytearray:
+    """The request's body, refused (TooLargeError) once it exceeds `max_body` bytes, whatever its header says.
+    Not copied into bytes: a copy of a large body on the event loop stalls every other request."""
     declared = request.headers.get("content-length")
     if declared is not None and not declared.isdigit():
         raise ProtocolError(f"bad content-length header {declared[:40]!r}")
@@ -61,7 +83,7 @@ async def read_bytes(request: Request, max_body: int) -> bytes:
         body += chunk
         if len(body) > max_body:
             raise TooLargeError(f"request body exceeds the server's limit of {max_body} bytes (server.max_body_bytes)")
-    return bytes(body)
+    return body
 
 
 def build_app(handle, cfg: ArcticRLClientConfig, on_shutdown=lambda: None, tinker: bool = False) -> FastAPI:
@@ -70,9 +92,11 @@ def build_app(handle, cfg: ArcticRLClientConfig, on_shutdown=lambda: None, tinke
     API (arctic_rl/server/tinker_api.py) under /api/v1."""
     load_loss_modules(cfg.server.loss_modules)  # the names its checks accept are the controller's
     app = FastAPI(title="arctic-rl", version="0.1.0")
+    app.add_middleware(EdgeGuard, hosts=allowed_hosts(cfg), max_concurrent=cfg.server.max_concurrent_requests)
     token = cfg.auth_token
     max_body = cfg.server.max_body_bytes
     vocab = model_vocab_size(cfg.model_name, cfg.model_overrides)  # token ids are checked here too
+    cache = ResultCache(cfg.server.result_cache_entries, cfg.server.result_cache_bytes, cfg.server.result_cache_age_s)
 
     def check_auth(request: Request) -> None:
         if token is None:
@@ -81,30 +105,62 @@ def build_app(handle, cfg: ArcticRLClientConfig, on_shutdown=lambda: None, tinke
         if not hmac.compare_digest(got.encode(), f"Bearer {token}".encode()):
             raise AuthError("missing or wrong bearer token (send 'Authorization: Bearer <token>')")
 
-    async def read_body(request: Request) -> dict:
-        body = await read_bytes(request, max_body)
-        if not body:
-            return {}
-        kwargs = wire.decode(body)
+    async def decode_args(op: ops.Op, body: bytearray) -> dict:
+        # Off the event loop: a large body takes long to decode, and /healthz and the long-polls must not wait.
+        kwargs = await run_in_threadpool(wire.decode, body, None, cfg.server.max_json_bytes) if body else {}
         if not isinstance(kwargs, dict):
             raise ProtocolError(f"request body must encode a dict of arguments, got {type(kwargs).__name__}")
-        return kwargs
+        args = op.bind(kwargs)
+        # Checked here too (the controller checks again): a bad request never reaches Ray.
+        await run_in_threadpool(check_request, op.name, args, cfg, vocab)
+        return args
 
     @app.get("/healthz")
     async def healthz():  # liveness of the HTTP process only; engine health is POST /v1/health
         return {"ok": True, "job_id": cfg.job_id}
 
+    @app.get(handshake.PROOF_ROUTE)
+    async def prove(nonce: str = ""):
+        """HMAC(token, nonce): the client's check that it reached the server holding its token."""
+        if not handshake.NONCE.fullmatch(nonce):
+            return JSONResponse({"type": "ProtocolError", "message": "nonce must be 32-128 hex digits"}, 400)
+        return {"proof": handshake.proof(token, nonce, cfg.port) if token else None}
+
     def endpoint(op: ops.Op):
         async def call(request: Request):
             try:
                 check_auth(request)
-                args = op.bind(await read_body(request))
-                # Checked here too (the controller checks again): a bad request never reaches Ray.
-                await run_in_threadpool(check_request, op.name, args, cfg, vocab)
-                result = await run_in_threadpool(_call_controller, handle, op.name, args)
-                if op.name == "shutdown":
+                check_content_type(request.headers, (wire.CONTENT_TYPE,))
+                body = await read_bytes(request, max_body)
+                request_id = _request_id(request, op.name)
+                if request_id is None:
+                    entry = None
+                else:
+                    digest = await run_in_threadpool(_digest, op.name, body)
+                    entry = cache.get(request_id)
+                    if entry is not None:  # a retry: the first one's answer, once it has one
+                        if entry.digest != digest:
+                            raise ProtocolError(
+                                f"request id {request_id!r} was already used for another request: "
+                                "a retry must send the same op and body, a new request a new id"
+                            )
+                        return _answer_response(await _wait(entry.answer, op.name, cfg.request_timeout_s))
+                    entry = cache.start(request_id, digest)
+                try:
+                    args = await decode_args(op, body)
+                except BaseException as e:  # nothing ran: a later retry runs it; one waiting now gets this answer
+                    if entry is not None and request_id is not None:
+                        cache.forget(request_id)
+                        failed = e if isinstance(e, ArcticRLError) else ProtocolError(f"{type(e).__name__}: {e}")
+                        entry.answer.set_result(_error_answer(failed))
+                    raise
+                answer = _run(handle, op.name, args)
+                if entry is not None:
+                    answer.add_done_callback(_fill(entry))
+                a = await _wait(answer, op.name, cfg.request_timeout_s)
+                if op.name == "shutdown" and a.status == 200:
                     threading.Timer(0.5, on_shutdown).start()
-                return Response(wire.encode(result), media_type=wire.CONTENT_TYPE)
+                return _answer_response(a)
             except ArcticRLError as e:
                 return _error(e)
 
@@ -129,23 +185,91 @@ def build_app(handle, cfg: ArcticRLClientConfig, on_shutdown=lambda: None, tinke
         def call(op: str, kwargs: dict):  # what a /v1 route does with a request, without the wire
             args = ops.OPS[op].bind(kwargs)
             check_request(op, args, cfg, vocab)
-            return _call_controller(handle, op, args)
+            return _call_controller(handle, op, args, cfg.request_timeout_s)
 
         tinker_api.mount(app, cfg, call, lambda request: read_bytes(request, max_body))
     return app
 
 
-def _call_controller(handle, op: str, kwargs: dict):
+def _fill(entry: Entry):
+    """A done-callback: the op's answer into the retry cache's entry (whoever still waits for the op)."""
+
+    def fill(f: asyncio.Future) -> None:
+        if not entry.answer.done():
+            entry.answer.set_result(f.result())
+
+    return fill
+
+
+def _digest(op: str, body: bytearray) -> str:
+    h = hashlib.sha256(op.encode() + b"\0")
+    h.update(body)
+    return h.hexdigest()
+
+
+def _request_id(request: Request, op: str) -> str | None:
+    rid = request.headers.get(REQUEST_ID_HEADER)
+    if rid is None or op in NOT_KEPT:
+        return None
+    if not REQUEST_ID.fullmatch(rid):
+        raise ProtocolError(f"header {REQUEST_ID_HEADER} {rid[:140]!r}: use 1-128 of A-Z a-z 0-9 _ -")
+    return rid
+
+
+def _run(handle, op: str, args: dict) -> asyncio.Future:
+    """The op on the controller; the future's result is its answer (Answer), set when the op is done, whether or
+    not anyone still waits for it."""
+    ref = handle.dispatch.remote(op, args)
+
+    async def answer() -> Answer:
+        try:
+            try:
+                result = await asyncio.wrap_future(ref.future())
+            except Exception as e:  # the controller's errors, as the synchronous call maps them
+                result = _controller_result(e, op)
+            return Answer(200, await run_in_threadpool(wire.encode, result), wire.CONTENT_TYPE)
+        except ArcticRLError as err:
+            return _error_answer(err)
+        except Exception as err:  # anything else: the engine side's fault, with its message
+            return _error_answer(EngineError(f"{op}: {type(err).__name__}: {err}"))
+
+    return asyncio.ensure_future(answer())
+
+
+async def _wait(answer: asyncio.Future, op: str, timeout_s: float) -> Answer:
     try:
-        return ray.get(handle.dispatch.remote(op, kwargs))
-    except ray.exceptions.RayTaskError as e:
+        return await asyncio.wait_for(asyncio.shield(answer), timeout_s)
+    except TimeoutError:
+        return _error_answer(
+            RequestTimeoutError(
+                f"{op}: the controller did not answer within request_timeout_s={timeout_s:g}s; it may still be "
+                f"running: a retry with the same {REQUEST_ID_HEADER} returns its answer once done, never runs it twice"
+            )
+        )
+
+
+def _call_controller(handle, op: str, kwargs: dict, timeout_s: float):
+    try:
+        return ray.get(handle.dispatch.remote(op, kwargs), timeout=timeout_s)
+    except ray.exceptions.GetTimeoutError:
+        raise RequestTimeoutError(
+            f"{op}: the controller did not answer within request_timeout_s={timeout_s:g}s (it may still be running)"
+        ) from None
+    except Exception as e:
+        return _controller_result(e, op)
+
+
+def _controller_result(e: BaseException, op: str):
+    """What a failed controller call means: raises the ArcticRLError to answer (or returns shutdown's 'ok')."""
+    if isinstance(e, ray.exceptions.RayTaskError):
         if isinstance(e.cause, ArcticRLError):
             raise type(e.cause)(str(e.cause)) from None
         raise EngineError(str(e).strip().splitlines()[-1]) from None
-    except ray.exceptions.RayActorError as e:
+    if isinstance(e, ray.exceptions.RayActorError):
         if op == "shutdown":
             return "ok"
         raise EngineDeadError(f"the controller is gone: {str(e).splitlines()[0]}") from None
+    raise e
 
 
 def _read_token(token_file: str | None) -> str | None:

@@ -32,6 +32,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ValidationError
+from starlette.concurrency import run_in_threadpool
 from tinker import types
 from tinker.types.checkpoint import ParsedCheckpointTinkerPath
 from tinker.types.try_again_response import TryAgainResponse
@@ -41,6 +42,7 @@ from arctic_rl.errors import ArcticRLError, AuthError, ConfigError, ProtocolErro
 from arctic_rl.losses import resolve_loss_fn
 from arctic_rl.losses.config import TINKER_LOSSES
 from arctic_rl.server import tinker_convert as conv
+from arctic_rl.server.edges import check_content_type
 from arctic_rl.server.requests import check_request
 
 PREFIX = "/api/v1"
@@ -490,7 +492,11 @@ class CancelRequest(BaseModel):
     request_id: str
 
 
-def _parse(model: type[BaseModel], body: bytes, what: str):
+async def _parse(model: type[BaseModel], body: bytes, what: str):
+    return await run_in_threadpool(_parse_now, model, body, what)  # off the event loop: bodies may be large
+
+
+def _parse_now(model: type[BaseModel], body: bytes, what: str):
     try:
         return model.model_validate_json(body or b"{}")
     except ValidationError as e:
@@ -526,6 +532,8 @@ def mount(
             async def handler(request: Request):
                 try:
                     check_auth(request)
+                    if method == "POST":  # the SDK's own types only (a browser's text/plain POST is refused)
+                        check_content_type(request.headers, ("application/json", PROTO))
                     body = await read_body(request) if method == "POST" else b""
                     out = await fn(request, body)
                 except ArcticRLError as e:
@@ -567,12 +575,14 @@ def mount(
 
     @route("/create_session")
     async def create_session(request, body):
-        _parse(types.CreateSessionRequest, body, "create_session")
+        await _parse(types.CreateSessionRequest, body, "create_session")
         return types.CreateSessionResponse(session_id=front.open_session())
 
     @route("/session_heartbeat")
     async def heartbeat(request, body):
-        front.live_session(_parse(types.SessionHeartbeatRequest, body, "session_heartbeat").session_id, heartbeat=True)
+        front.live_session(
+            (await _parse(types.SessionHeartbeatRequest, body, "session_heartbeat")).session_id, heartbeat=True
+        )
         return types.SessionHeartbeatResponse()
 
     @route("/telemetry")
@@ -586,14 +596,14 @@ def mount(
 
     @route("/cancel_future")
     async def cancel(request, body):
-        req = _parse(CancelRequest, body, "cancel_future")
+        req = await _parse(CancelRequest, body, "cancel_future")
         if front.futures.cancel(req.request_id) is None:
             return JSONResponse({"detail": f"unknown request_id {req.request_id!r:.80}"}, status_code=404)
         return JSONResponse(None)  # a running request finishes; a queued one never runs
 
     @route("/create_model")
     async def create_model(request, body):
-        req = _parse(types.CreateModelRequest, body, "create_model")
+        req = await _parse(types.CreateModelRequest, body, "create_model")
         front.check_base_model(req.base_model)
         rank = front.lora_rank(req.lora_config)
         if not isinstance(req.optimizer_config, types.AdamOptimizerConfig):
@@ -609,33 +619,35 @@ def mount(
 
     @route("/get_info")
     async def get_info(request, body):
-        return front.info(_parse(types.GetInfoRequest, body, "get_info").model_id)
+        return front.info((await _parse(types.GetInfoRequest, body, "get_info")).model_id)
 
     @route("/forward_backward")
     async def forward_backward(request, body):
         if request.headers.get("content-encoding"):
             raise ProtocolError("compressed forward_backward bodies are not accepted (client config says so)")
-        call = conv.parse_forward_backward(body, front.limits)  # sizes checked before anything is decoded
+        call = await run_in_threadpool(
+            conv.parse_forward_backward, body, front.limits
+        )  # sizes checked before anything is decoded; off the event loop
         conv.check_loss_fn(call.loss_fn)
         conv.check_inputs(call)
         return front.submit(front.train, lambda: front.forward_backward(call), call.model_id)
 
     @route("/optim_step")
     async def optim_step(request, body):
-        req = _parse(types.OptimStepRequest, body, "optim_step")
+        req = await _parse(types.OptimStepRequest, body, "optim_step")
         if not isinstance(req.optim_params, types.AdamParams):
             raise ConfigError(f"optim_params of type {req.optim_params.type!r}: only AdamParams are supported")
         return front.submit(front.train, lambda: front.optim_step(req.model_id, req.optim_params), req.model_id)
 
     @route("/save_weights")
     async def save_weights(request, body):
-        req = _parse(types.SaveWeightsRequest, body, "save_weights")
+        req = await _parse(types.SaveWeightsRequest, body, "save_weights")
         name = req.path or f"step-{uuid.uuid4().hex[:8]}"
         return front.submit(front.train, lambda: front.save_weights(req.model_id, name), req.model_id)
 
     @route("/load_weights")
     async def load_weights(request, body):
-        req = _parse(types.LoadWeightsRequest, body, "load_weights")
+        req = await _parse(types.LoadWeightsRequest, body, "load_weights")
         if req.model_id is None:  # a new training client from a checkpoint (ServiceClient)
             if req.session_id is None or req.model_seq_id is None:
                 raise ProtocolError("load_weights needs model_id, or session_id and model_seq_id")
@@ -649,7 +661,7 @@ def mount(
 
     @route("/save_weights_for_sampler")
     async def save_for_sampler(request, body):
-        req = _parse(types.SaveWeightsForSamplerRequest, body, "save_weights_for_sampler")
+        req = await _parse(types.SaveWeightsForSamplerRequest, body, "save_weights_for_sampler")
         if req.path is None and req.sampling_session_seq_id is None:
             raise ProtocolError("save_weights_for_sampler needs path or sampling_session_seq_id")
         session = req.model_id.split(":train:")[0]
@@ -657,7 +669,7 @@ def mount(
 
     @route("/create_sampling_session")
     async def create_sampling_session(request, body):
-        req = _parse(types.CreateSamplingSessionRequest, body, "create_sampling_session")
+        req = await _parse(types.CreateSamplingSessionRequest, body, "create_sampling_session")
         return types.CreateSamplingSessionResponse(sampling_session_id=front.new_sampler(req))
 
     @route("/samplers/{sampler_id}", "GET")
@@ -667,7 +679,7 @@ def mount(
 
     @route("/asample")
     async def asample(request, body):
-        req = _parse(types.SampleRequest, body, "asample")
+        req = await _parse(types.SampleRequest, body, "asample")
         front.sampler(req.sampling_session_id)
         for what in ("topk_prompt_logprobs", "topk_sample_logprobs", "prompt_alt_tokens_k"):
             if getattr(req, what):
@@ -682,7 +694,7 @@ def mount(
 
     @route("/retrieve_future")
     async def retrieve_future(request, body):
-        req = _parse(types.FutureRetrieveRequest, body, "retrieve_future")
+        req = await _parse(types.FutureRetrieveRequest, body, "retrieve_future")
         return await front.retrieve(req.request_id)
 
     return front

@@ -126,7 +126,7 @@ def test_http_auth_and_garbage(client):
     assert r.status_code == 401 and r.json()["type"] == "AuthError"
     r = httpx.post(f"{base}/v1/health", headers={"authorization": "Bearer wrong"})
     assert r.status_code == 401
-    auth = {"authorization": "Bearer s3cret"}
+    auth = {"authorization": "Bearer s3cret", "content-type": "application/x-arctic-rl"}
     for body in (b"garbage", b"\x00" * 7, b"\x05\x00\x00\x00\x00\x00\x00\x00{bad}", b"\xff" * 64):
         r = httpx.post(f"{base}/v1/log_probs", content=body, headers=auth)
         assert r.status_code == 400 and r.json()["type"] == "ProtocolError", r.text

@@ -79,7 +79,8 @@ def _app(tmp_path, **server):
         server={"checkpoint_root": str(tmp_path / "root"), "max_n": 8, **server},
     )
     # handle=None: any request that got past the checks would fail with a 500, which the tests refuse.
-    return TestClient(build_app(None, cfg), headers={"authorization": f"Bearer {TOKEN}"})
+    base = f"http://{cfg.host}:{cfg.port}"  # the Host the server is bound to (TestClient's own is refused)
+    return TestClient(build_app(None, cfg), base_url=base, headers={"authorization": f"Bearer {TOKEN}"})
 
 
 def _post(app, op: str, **kwargs):
@@ -179,14 +180,15 @@ def test_the_body_size_limit_is_enforced(tmp_path):
 
     big = wire.encode({"batch": _batch(200)})
     assert len(big) > 4096
-    r = app.post("/v1/log_probs", content=big)
+    wire_type = {"content-type": wire.CONTENT_TYPE}
+    r = app.post("/v1/log_probs", content=big, headers=wire_type)
     assert r.status_code == 413 and r.json()["type"] == "TooLargeError" and "4096" in r.json()["message"]
 
     def chunks():  # no content-length: the server counts what arrives
         for i in range(0, len(big), 1000):
             yield big[i : i + 1000]
 
-    r = app.post("/v1/log_probs", content=chunks())
+    r = app.post("/v1/log_probs", content=chunks(), headers=wire_type)
     assert r.status_code == 413 and r.json()["type"] == "TooLargeError"
 
 

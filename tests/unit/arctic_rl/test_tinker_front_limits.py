@@ -29,6 +29,9 @@ class Clock:
         return self.t
 
 
+PROTO = {"content-type": tinker_api.PROTO}  # what the SDK sends a forward_backward as
+
+
 def _refuse(op, args):  # what runs an op: no deployment here, so nothing may get this far
     raise AssertionError(f"op {op} reached the controller")
 
@@ -92,7 +95,7 @@ def test_a_sparse_tensor_declaring_a_huge_shape_is_refused_before_it_is_densifie
     app, _, _ = _front(tmp_path, tiny_llama)
     body = _sparse_body(40_000_000)  # 160 MB once dense
     assert len(body) < 200
-    r = app.post("/api/v1/forward_backward", content=body)
+    r = app.post("/api/v1/forward_backward", content=body, headers=PROTO)
     assert r.status_code == 422, r.text
     assert "loss_fn_inputs['weights']" in r.json()["detail"] and f"max_seq_len={SEQ}" in r.json()["detail"]
 
@@ -100,19 +103,21 @@ def test_a_sparse_tensor_declaring_a_huge_shape_is_refused_before_it_is_densifie
 def test_padding_to_the_longest_datum_is_bounded_before_the_batch_is_built(tmp_path, tiny_llama):
     app, _, _ = _front(tmp_path, tiny_llama, max_batch_tokens=1000)
     data = [_datum(SEQ - 1)] + [_datum(2) for _ in range(20)]  # 21 rows x 128 columns, from ~170 tokens
-    r = app.post("/api/v1/forward_backward", content=_fb_body(data))
+    r = app.post("/api/v1/forward_backward", content=_fb_body(data), headers=PROTO)
     assert r.status_code == 422 and "server.max_batch_tokens" in r.json()["detail"] and "1000" in r.json()["detail"]
-    r = app.post("/api/v1/forward_backward", content=_fb_body([_datum(SEQ)]))  # input + last target > SEQ
+    r = app.post(
+        "/api/v1/forward_backward", content=_fb_body([_datum(SEQ)]), headers=PROTO
+    )  # input + last target > SEQ
     assert r.status_code == 422 and "data[0].model_input has 128 tokens" in r.json()["detail"]
     app, _, _ = _front(tmp_path, tiny_llama, max_batch_rows=4)
-    r = app.post("/api/v1/forward_backward", content=_fb_body([_datum(3)] * 5))
+    r = app.post("/api/v1/forward_backward", content=_fb_body([_datum(3)] * 5), headers=PROTO)
     assert r.status_code == 422 and "server.max_batch_rows" in r.json()["detail"]
 
 
 def test_unknown_loss_fn_inputs_are_refused_naming_the_known_ones(tmp_path, tiny_llama):
     app, _, _ = _front(tmp_path, tiny_llama)
     data = [_datum(4, mask=np.ones(4, dtype=np.float32))]
-    r = app.post("/api/v1/forward_backward", content=_fb_body(data))
+    r = app.post("/api/v1/forward_backward", content=_fb_body(data), headers=PROTO)
     assert r.status_code == 422, r.text
     assert "['mask']" in r.json()["detail"] and "['target_tokens', 'weights']" in r.json()["detail"]
 

@@ -1,0 +1,182 @@
+"""What every HTTP request passes before a route sees it, and the answers kept for retries.
+
+- `EdgeGuard` (ASGI middleware): the Host header must name the bound address (or server.allowed_hosts; on loopback
+  also localhost), so a web page whose DNS name was rebound to 127.0.0.1 is refused; a browser request from
+  another site (an Origin naming another host, or Sec-Fetch-Site cross-site / same-site) is refused; at most
+  server.max_concurrent_requests requests are in flight (/healthz aside), one more is a 503.
+- `check_content_type`: a route takes only its own body type (the wire's; JSON or protobuf on the Tinker routes),
+  so a browser's cross-site form or text/plain POST, which needs no CORS preflight, never reaches an op.
+- `ResultCache`: the answers of requests that carried an id, kept by count, bytes and age, so a retry of a
+  request already applied gets its answer instead of running it again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import json
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from urllib.parse import urlsplit
+
+from starlette.datastructures import Headers
+
+from arctic_rl.config import LOOPBACK, ArcticRLClientConfig
+from arctic_rl.errors import ArcticRLError, ForbiddenError, MediaTypeError, ServerBusyError
+
+WILDCARD = ("0.0.0.0", "::", "")
+UNCAPPED = ("/healthz", "/api/v1/healthz")  # liveness answers even when the server is full
+
+
+def allowed_hosts(cfg: ArcticRLClientConfig) -> frozenset[str] | None:
+    """Host names a request may name; None: any (bound to every interface with no server.allowed_hosts)."""
+    extra = {h.lower().strip("[]") for h in cfg.server.allowed_hosts}
+    if cfg.host in WILDCARD:
+        return frozenset(extra) if extra else None
+    names = {cfg.host.lower().strip("[]")} | extra
+    if _is_loopback(cfg.host):
+        names |= set(LOOPBACK)
+    return frozenset(names)
+
+
+def _is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
+def _hostname(value: str) -> str | None:
+    """The host name of a Host header ('h', 'h:port', '[v6]:port') or an Origin ('scheme://h:port')."""
+    try:
+        parts = urlsplit(value if "://" in value else f"//{value}")
+        return parts.hostname  # lower-cased, brackets and port stripped
+    except ValueError:
+        return None
+
+
+def edge_refusal(headers: Headers, hosts: frozenset[str] | None) -> str | None:
+    """Why a request is refused before any route runs, or None."""
+    host = headers.get("host", "")
+    if hosts is not None and _hostname(host) not in hosts:
+        return (
+            f"Host {host[:100]!r} is not an address this server is bound to ({sorted(hosts)}): add it to "
+            "server.allowed_hosts if it is yours (refused: a web page's DNS name rebound to this address)"
+        )
+    origin = headers.get("origin")
+    if origin is not None and (hosts is None or _hostname(origin) not in hosts):
+        return (
+            f"Origin {origin[:100]!r}: requests from web pages of other sites are refused (list the host in "
+            "server.allowed_hosts to serve a page of your own)"
+        )
+    site = headers.get("sec-fetch-site")
+    if site in ("cross-site", "same-site"):
+        return f"Sec-Fetch-Site {site!r}: requests from web pages of other sites are refused"
+    return None
+
+
+def error_response_body(e: ArcticRLError) -> bytes:
+    # both shapes: the /v1 client reads "type"/"message", the Tinker SDK "detail"
+    return json.dumps({"type": type(e).__name__, "message": str(e), "detail": str(e)}).encode()
+
+
+class EdgeGuard:
+    """ASGI middleware: the Host / Origin checks and the concurrency cap (see the module docstring)."""
+
+    def __init__(self, app, hosts: frozenset[str] | None, max_concurrent: int):
+        self.app, self.hosts, self.max_concurrent = app, hosts, max_concurrent
+        self.in_flight = 0
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        why = edge_refusal(Headers(scope=scope), self.hosts)
+        if why is not None:
+            return await _send_error(send, ForbiddenError(why))
+        if scope["path"] in UNCAPPED:
+            return await self.app(scope, receive, send)
+        if self.in_flight >= self.max_concurrent:
+            busy = ServerBusyError(
+                f"{self.in_flight} requests in flight, the server's limit (server.max_concurrent_requests="
+                f"{self.max_concurrent}): nothing ran, send it again later"
+            )
+            return await _send_error(send, busy, [(b"retry-after", b"1")])
+        self.in_flight += 1
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            self.in_flight -= 1
+
+
+async def _send_error(send, e: ArcticRLError, extra: list | None = None) -> None:
+    body = error_response_body(e)
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    await send({"type": "http.response.start", "status": e.http_status, "headers": headers + (extra or [])})
+    await send({"type": "http.response.body", "body": body})
+
+
+def check_content_type(headers: Headers, accepted: tuple[str, ...]) -> None:
+    """Refuses (415) a body whose content type is not one of `accepted` (parameters after ';' ignored)."""
+    got = headers.get("content-type", "")
+    if got.split(";")[0].strip().lower() not in accepted:
+        raise MediaTypeError(
+            f"content-type {got[:80]!r} is not taken here: send {' or '.join(accepted)} (a browser's "
+            "cross-site form or text/plain POST is refused)"
+        )
+
+
+# -- retries -----------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Answer:
+    status: int
+    body: bytes
+    media_type: str
+
+
+@dataclass
+class Entry:
+    digest: str  # of the op and body: an id reused for another request is refused
+    started: float = field(default_factory=lambda: time.monotonic())
+    # Set once the op is done (whoever waits, or nobody: the first request may have timed out).
+    answer: asyncio.Future = field(default_factory=lambda: asyncio.get_running_loop().create_future())
+
+    @property
+    def done(self) -> bool:
+        return self.answer.done() and not self.answer.cancelled()
+
+    @property
+    def size(self) -> int:
+        return len(self.answer.result().body) if self.done else 0
+
+
+class ResultCache:
+    """Request id -> Entry. Finished answers are dropped oldest first past `max_entries` or `max_bytes` and after
+    `max_age_s`; an entry whose op still runs is never dropped (a retry must wait for it, not run it again).
+    Used from the event loop only."""
+
+    def __init__(self, max_entries: int, max_bytes: int, max_age_s: float):
+        self.max_entries, self.max_bytes, self.max_age_s = max_entries, max_bytes, max_age_s
+        self.entries: OrderedDict[str, Entry] = OrderedDict()
+
+    def get(self, request_id: str) -> Entry | None:
+        self.prune()
+        return self.entries.get(request_id)
+
+    def start(self, request_id: str, digest: str) -> Entry:
+        entry = self.entries[request_id] = Entry(digest)
+        return entry
+
+    def forget(self, request_id: str) -> None:
+        self.entries.pop(request_id, None)
+
+    def prune(self) -> None:
+        now = time.monotonic()
+        total = sum(e.size for e in self.entries.values())
+        for rid, e in list(self.entries.items()):
+            over = len(self.entries) > self.max_entries or total > self.max_bytes
+            if e.done and (over or now - e.started > self.max_age_s):
+                total -= e.size
+                del self.entries[rid]

@@ -1,0 +1,332 @@
+"""The edges of every HTTP request, at the real app over real HTTP (no deployment: what these check happens before
+a request reaches one): cross-site requests, DNS rebinding, the client's proof that the server holds its token,
+work off the event loop and the concurrency cap, request ids and retries. tests/e2e/test_security_deploy.py shows
+the same against a running deployment (the server does not act; a retried forward_backward counts once)."""
+
+from __future__ import annotations
+
+import asyncio
+import http.server
+import json
+import socket
+import threading
+import time
+
+import httpx
+import pytest
+import torch
+
+from arctic_rl import wire
+from arctic_rl.config import ArcticRLClientConfig
+from arctic_rl.errors import AuthError
+
+TOKEN = "tok-edges-5ecret-never-sent"
+MODEL = "org/model"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def config(port: int = 7000, token: str | None = None, **server) -> ArcticRLClientConfig:
+    return ArcticRLClientConfig(
+        model_name=MODEL,
+        comm_protocol="http",
+        port=port,
+        auth_token=token,
+        vllm_config={"max_seq_len": 512},
+        server={"max_n": 8, "max_batch_rows": 64, **server},
+    )
+
+
+class Served:
+    """build_app(None, cfg) served by uvicorn in a thread on cfg's port (a request that got past every check would
+    fail at handle None: the tests send none such)."""
+
+    def __init__(self, cfg: ArcticRLClientConfig, tinker: bool = False):
+        import uvicorn
+
+        from arctic_rl.server.http import build_app
+
+        self.cfg, self.base = cfg, f"http://127.0.0.1:{cfg.port}"
+        app = build_app(None, cfg, tinker=tinker)
+        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=cfg.port, log_level="warning"))
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    def __enter__(self):
+        self.thread.start()
+        while not self.server.started:
+            assert self.thread.is_alive(), "uvicorn did not start"
+            time.sleep(0.05)
+        return self
+
+    def __exit__(self, *exc):
+        self.server.should_exit = True
+        self.thread.join(timeout=30)
+
+
+# -- cross-site requests ----------------------------------------------------------------------------------------
+
+
+def test_a_cross_site_text_plain_post_is_refused_and_nothing_runs():
+    """A web page can POST text/plain (or a form) to a loopback server without a CORS preflight: refused before any
+    op runs (the tokenless default)."""
+    from fastapi.testclient import TestClient
+
+    from arctic_rl.server.http import build_app
+
+    stopped = []
+    cfg = config()
+    app = TestClient(
+        build_app(None, cfg, on_shutdown=lambda: stopped.append(1), tinker=True), base_url="http://127.0.0.1:7000"
+    )
+    save = wire.encode({"path": "xsite"})  # a page can send any bytes as text/plain
+    for route, body in (("/v1/shutdown", b""), ("/v1/save_checkpoint", save), ("/api/v1/create_session", b"{}")):
+        for ctype in ("text/plain", "application/x-www-form-urlencoded", "multipart/form-data; boundary=x", None):
+            headers = {"content-type": ctype} if ctype else {}
+            r = app.post(route, content=body, headers=headers)
+            assert r.status_code == 415, (route, ctype, r.status_code, r.text[:200])
+            assert "content-type" in r.json().get("message", r.json().get("detail", ""))
+    assert not stopped
+
+
+def test_a_foreign_origin_and_a_rebinding_host_are_refused():
+    from fastapi.testclient import TestClient
+
+    from arctic_rl.server.http import build_app
+
+    app = TestClient(build_app(None, config(), tinker=True), base_url="http://127.0.0.1:7000")
+    ok = {"content-type": wire.CONTENT_TYPE}
+    for headers in (
+        {"origin": "https://evil.example"},
+        {"origin": "http://127.0.0.1.evil.example:7000"},
+        {"origin": "null"},
+        {"sec-fetch-site": "cross-site"},
+        {"host": "evil.example:7000"},  # DNS rebinding: the page's own name, now resolving to 127.0.0.1
+        {"host": "127.0.0.1.nip.io:7000"},
+    ):
+        for method, route in (("POST", "/v1/health"), ("GET", "/healthz"), ("POST", "/api/v1/create_session")):
+            r = app.request(method, route, content=b"", headers={**ok, **headers})
+            assert r.status_code == 403 and r.json()["type"] == "ForbiddenError", (headers, route, r.text[:200])
+    # The bound address and localhost (loopback), and a host listed in server.allowed_hosts, are served.
+    for host in ("127.0.0.1:7000", "localhost:7000"):
+        assert app.get("/healthz", headers={"host": host}).status_code == 200
+    listed = TestClient(build_app(None, config(allowed_hosts=["trainer.lan"])), base_url="http://trainer.lan:7000")
+    assert listed.get("/healthz").status_code == 200
+    assert listed.get("/healthz", headers={"origin": "http://trainer.lan:7000"}).status_code == 200
+
+
+def test_the_real_client_and_the_tinker_sdk_pass_the_edges(monkeypatch):
+    """The client's requests pass (a bad checkpoint path: answered by the request checks, past the edges); the
+    official SDK creates its session and reads the capabilities."""
+    import tinker
+
+    from arctic_rl.client.http_transport import REQUEST_ID_HEADER
+
+    monkeypatch.setenv("TINKER_TELEMETRY", "0")
+    cfg = config(port=free_port())
+    with Served(cfg, tinker=True) as srv:
+        r = httpx.post(
+            f"{srv.base}/v1/save_checkpoint",
+            content=wire.encode({"path": 5}),
+            headers={"content-type": wire.CONTENT_TYPE, REQUEST_ID_HEADER: "a1"},
+        )
+        assert r.status_code == 422 and "checkpoint_root" in r.json()["message"], r.text
+        with tinker.ServiceClient(base_url=srv.base, api_key="tml-any-key") as service:
+            caps = service.get_server_capabilities()
+        assert [m.model_name for m in caps.supported_models] == [MODEL]
+
+
+# -- the client's token goes only to a server that proves it holds it --------------------------------------------
+
+
+class Squatter:
+    """A plain HTTP server on a port the client means to reach, without the token: answers /healthz, makes up a
+    proof (or relays the nonce to `relay_to`), records every request."""
+
+    def __init__(self, relay_to: str | None = None):
+        self.requests: list[tuple[str, str, dict, bytes]] = []
+        outer = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def _record(self) -> None:
+                n = int(self.headers.get("content-length") or 0)
+                body = self.rfile.read(n) if n else b""
+                outer.requests.append((self.command, self.path, dict(self.headers), body))
+
+            def _answer(self, obj) -> None:
+                data = json.dumps(obj).encode()
+                self.send_response(200)
+                self.send_header("content-type", "application/json")
+                self.send_header("content-length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def do_GET(self):
+                self._record()
+                if self.path.startswith("/auth/proof") and relay_to:
+                    self._answer(httpx.get(relay_to + self.path).json())
+                elif self.path.startswith("/auth/proof"):
+                    self._answer({"proof": "0" * 64})
+                else:
+                    self._answer({"ok": True})
+
+            def do_POST(self):
+                self._record()
+                self._answer({})
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.port = self.server.server_address[1]
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def _assert_never_got_the_token(squatter: Squatter) -> None:
+    assert squatter.requests, "the client never reached the squatter"
+    for method, path, headers, body in squatter.requests:
+        assert method == "GET", (method, path)  # no op, so no data
+        assert TOKEN not in json.dumps(headers) and TOKEN.encode() not in body and TOKEN not in path
+
+
+def test_a_squatter_on_the_port_never_gets_the_token_or_data():
+    from arctic_rl.client.http_transport import HttpTransport
+
+    squatter = Squatter()
+    try:
+        cfg = config(port=squatter.port, token=TOKEN).model_copy(update={"job_id": "job-squatted"})
+        with pytest.raises(AuthError, match=f"did not prove it holds this client's token.*port {squatter.port}"):
+            HttpTransport(cfg)
+    finally:
+        squatter.close()
+    _assert_never_got_the_token(squatter)
+
+
+def test_a_squatter_relaying_the_challenge_to_the_real_server_is_refused_and_the_real_one_passes():
+    from arctic_rl.client.http_transport import HttpTransport, authenticate
+
+    cfg = config(port=free_port(), token=TOKEN)
+    with Served(cfg) as srv:
+        with httpx.Client(base_url=srv.base) as http:
+            authenticate(http, TOKEN, cfg.port)  # the real server proves it
+            with pytest.raises(AuthError):
+                authenticate(http, "another-token", cfg.port)
+        squatter = Squatter(relay_to=srv.base)  # gets the real server's proof, for the real server's port
+        try:
+            with pytest.raises(AuthError, match="did not prove"):
+                HttpTransport(config(port=squatter.port, token=TOKEN).model_copy(update={"job_id": "job-relayed"}))
+        finally:
+            squatter.close()
+    _assert_never_got_the_token(squatter)
+    assert any(p.startswith("/auth/proof") for _, p, _, _ in squatter.requests)
+
+
+# -- work off the event loop; the concurrency cap ---------------------------------------------------------------
+
+
+def test_requests_over_the_concurrency_cap_get_503_and_healthz_still_answers():
+    cfg = config(port=free_port(), max_concurrent_requests=1)
+    with Served(cfg) as srv:
+        # A client that sends its body slowly holds a slot meanwhile: headers and half a body, then nothing.
+        slow = socket.create_connection(("127.0.0.1", cfg.port))
+        body = wire.encode({})
+        head = f"POST /v1/health HTTP/1.1\r\nHost: 127.0.0.1:{cfg.port}\r\ncontent-type: {wire.CONTENT_TYPE}\r\n"
+        slow.sendall(f"{head}content-length: {len(body)}\r\n\r\n".encode() + body[:4])
+        try:
+            headers = {"content-type": wire.CONTENT_TYPE}
+            deadline = time.time() + 30
+            while True:  # until the server took the slow request in
+                r = httpx.post(f"{srv.base}/v1/health", content=body, headers=headers, timeout=10)
+                if r.status_code == 503 or time.time() > deadline:
+                    break
+                time.sleep(0.05)
+            assert r.status_code == 503 and r.json()["type"] == "ServerBusyError", r.text[:300]
+            assert "max_concurrent_requests=1" in r.json()["message"] and r.headers["retry-after"] == "1"
+            assert httpx.get(f"{srv.base}/healthz", timeout=10).status_code == 200
+        finally:
+            slow.close()
+
+
+# -- request ids: the client sends one and sends it again; the server keeps answers within bounds ----------------
+
+
+class DropsTheFirstAnswer(http.server.BaseHTTPRequestHandler):
+    """An arctic-rl-speaking server whose first forward_backward answer is lost (the connection closes)."""
+
+    seen: list[dict] = []
+
+    def log_message(self, *args):
+        pass
+
+    def _send(self, data: bytes, ctype: str) -> None:
+        self.send_response(200)
+        self.send_header("content-type", ctype)
+        self.send_header("content-length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self):
+        self._send(b'{"ok": true}', "application/json")
+
+    def do_POST(self):
+        self.rfile.read(int(self.headers["content-length"]))
+        if self.path == "/v1/reconnect_config":
+            return self._send(wire.encode(config(port=self.server.server_address[1]).to_json()), wire.CONTENT_TYPE)
+        type(self).seen.append(dict(self.headers))
+        if len(type(self).seen) == 1:
+            self.close_connection = True
+            self.connection.shutdown(socket.SHUT_RDWR)
+            return
+        self._send(wire.encode({"loss": 1.0}), wire.CONTENT_TYPE)
+
+
+def test_the_client_sends_a_request_again_with_the_same_id_when_its_answer_is_lost():
+    from arctic_rl.client.http_transport import REQUEST_ID_HEADER, HttpTransport
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), DropsTheFirstAnswer)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        t = HttpTransport(config(port=server.server_address[1]).model_copy(update={"job_id": "job-drops"}))
+        assert t.call("forward_backward", batch={"input_ids": torch.ones(1, 2)}) == {"loss": 1.0}
+        first = t.call("optimizer_step")
+    finally:
+        server.shutdown()
+        server.server_close()
+    ids = [h.get(REQUEST_ID_HEADER) for h in DropsTheFirstAnswer.seen]
+    assert len(ids) == 3 and ids[0] and ids[0] == ids[1], ids  # the lost one, sent again with its id
+    assert ids[2] != ids[0] and first == {"loss": 1.0}  # the next request: a new id
+
+
+def test_the_result_cache_is_bounded_by_count_bytes_and_age(monkeypatch):
+    from arctic_rl.server import edges
+    from arctic_rl.server.edges import Answer, ResultCache
+
+    now = [1000.0]
+    monkeypatch.setattr(edges.time, "monotonic", lambda: now[0])
+
+    async def scenario():
+        cache = ResultCache(max_entries=3, max_bytes=250, max_age_s=60)
+
+        def done(rid: str, size: int):
+            cache.start(rid, "d").answer.set_result(Answer(200, b"x" * size, "t"))
+
+        running = cache.start("running", "d")  # never done: never dropped
+        for i in range(4):
+            done(f"r{i}", 10)
+        cache.prune()
+        assert list(cache.entries) == ["running", "r2", "r3"]  # count: the oldest done ones went first
+        done("big", 240)
+        cache.prune()
+        assert "running" in cache.entries and "big" in cache.entries and cache.get("r2") is None  # bytes
+        now[0] += 61
+        assert cache.get("big") is None and cache.get("running") is running  # age: done ones only
+        running.answer.cancel()
+
+    asyncio.run(scenario())
