@@ -4,7 +4,6 @@
 PY := .venv/bin/python
 export HF_HUB_OFFLINE := 1
 export HF_DATASETS_OFFLINE := 1
-export RAY_AUTH_MODE := disabled
 export TOKENIZERS_PARALLELISM := false
 
 .PHONY: setup setup-skyrl demo test test-fast lint slurm bench

@@ -22,7 +22,6 @@ from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 
 from report import Report, add_report_args  # noqa: E402
 

@@ -37,6 +37,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from arctic_rl.config import TOKEN_ENV
+from arctic_rl.local_ray import TEMP_ROOT, private_dir, ray_temp_root
+
 RANK_LABEL = "arctic-rl/rank"
 HOST_LABEL = "arctic-rl/host"
 HEAD_START_TIMEOUT_S = 120.0
@@ -64,6 +67,7 @@ class BootstrapConfig:
     tracking_uri: str | None = None
     workdir: Path | None = None  # cwd of the command; the submitter's directory
     signal_grace_s: float = 0.0  # after the command dies by a signal, wait this long for a requeue
+    ray_temp_root: Path = TEMP_ROOT  # holds this user's 0700 arctic-rl-ray-<uid> folder of Ray temp dirs
 
     def __post_init__(self) -> None:
         if self.num_nodes < 1:
@@ -130,8 +134,9 @@ class RayNode:
         self.cfg = cfg
         self.is_head = head_address is None
         # Ray's unix sockets live under the temp dir and must stay under ~107 chars: keep it short.
+        # The name is predictable; what keeps others out is the private folder it is in (checked at start).
         job_key = os.environ.get("SLURM_JOB_ID", str(os.getpid()))
-        self.temp_dir = Path(f"/tmp/arctic-rl-ray-{os.getuid()}/{job_key}-{attempt_id()}-{cfg.rank}")
+        self.temp_dir = cfg.ray_temp_root / f"arctic-rl-ray-{os.getuid()}" / f"{job_key}-{attempt_id()}-{cfg.rank}"
         self.log_path = cfg.job_dir / "logs" / f"ray-node{cfg.rank}.{attempt_id()}.log"
         self.port = free_port() if self.is_head else None
         self.head_address = head_address
@@ -159,18 +164,28 @@ class RayNode:
             argv.append(f"--resources={json.dumps(cfg.resources)}")
         return argv + list(cfg.ray_args)
 
-    def start(self) -> None:
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        self.temp_dir.parent.mkdir(parents=True, exist_ok=True)
+    def prepare_dirs(self) -> None:
+        """The log folder (in the 0700 job folder) and this user's Ray temp root: 0700 and ours, or refused,
+        since the head reads its own address back from the temp dir."""
+        private_dir(self.log_path.parent, "job log folder")
+        ray_temp_root(self.cfg.ray_temp_root)
+
+    def env(self) -> dict[str, str]:
+        """`ray start`'s environment, which its raylet and so every Ray worker of the node inherits."""
         env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", **ray_auth_env(self.cfg)}
         env.pop("RAY_ADDRESS", None)  # an inherited address would make `ray start --head` join it instead
+        env.pop(TOKEN_ENV, None)  # the bearer token is for the HTTP server only
+        return env
+
+    def start(self) -> None:
+        self.prepare_dirs()
         with open(self.log_path, "ab") as out:
             self.proc = subprocess.Popen(
                 self.argv(),
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
-                env=env,
+                env=self.env(),
                 start_new_session=True,
                 preexec_fn=ignore_usr2,
             )
@@ -232,8 +247,9 @@ def write_token(cfg: BootstrapConfig) -> None:
 def ray_auth_env(cfg: BootstrapConfig) -> dict[str, str]:
     """Ray 2.60 turns token auth on by itself when ~/.ray/auth_token exists, for `ray start` but not for
     clients given an address, so one stray token file breaks connections. We set the mode explicitly
-    and give every node, probe and driver of this job the job's own token."""
-    return {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token_file(cfg))}
+    and give every node, probe and driver of this job the job's own token; an inherited RAY_AUTH_TOKEN
+    (which Ray would prefer to the file) is emptied, and Ray then reads the file."""
+    return {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": "", "RAY_AUTH_TOKEN_PATH": str(token_file(cfg))}
 
 
 def head_file(cfg: BootstrapConfig) -> Path:
@@ -327,10 +343,12 @@ def wait_for_nodes(cfg: BootstrapConfig, address: str) -> dict[int, str]:
 
 
 def pythonpath_env() -> dict[str, str]:
-    """This checkout first on PYTHONPATH, so child processes import the same `jobs` package."""
+    """This checkout first on PYTHONPATH, so child processes (the node probes) import the same `jobs` package;
+    without the bearer token, which they have no use for."""
     root = str(Path(__file__).resolve().parent.parent)
     old = os.environ.get("PYTHONPATH")
-    return {**os.environ, "PYTHONPATH": f"{root}:{old}" if old else root}
+    env = {k: v for k, v in os.environ.items() if k != TOKEN_ENV}
+    return {**env, "PYTHONPATH": f"{root}:{old}" if old else root}
 
 
 def ignore_usr2() -> None:
@@ -341,7 +359,9 @@ def ignore_usr2() -> None:
 
 
 def command_env(cfg: BootstrapConfig, address: str) -> dict[str, str]:
-    """What the recipe command needs: the Ray address, plus facts for its MLflow tags and resume."""
+    """What the recipe command needs: the Ray address, plus facts for its MLflow tags and resume. It keeps
+    ARCTIC_RL_TOKEN: it hands it to the HTTP server it starts (a Ray driver's environment does not reach
+    the workers)."""
     ray_env = {**ray_auth_env(cfg), "RAY_ADDRESS": address}
     env = {**os.environ, **ray_env, "ARCTIC_RL_NODES": str(cfg.num_nodes)}
     # The job's Ray, kept for arctic-rl's server where a framework points RAY_ADDRESS at a Ray of its own
@@ -486,9 +506,17 @@ def run_worker(cfg: BootstrapConfig) -> int:
         log(cfg.rank, "Ray node stopped")
 
 
+def make_job_dir(job_dir: Path) -> None:
+    """The job folder, 0700 and ours (jobs.launch.new_job_dir makes it so at submission; a folder given with
+    --job-dir is checked): it holds the Ray auth token file, logs and checkpoints, which are then out of
+    other users' reach whatever their own modes."""
+    job_dir.parent.mkdir(parents=True, exist_ok=True)
+    private_dir(job_dir, "job folder")
+
+
 def run(cfg: BootstrapConfig) -> int:
     """Runs this node's part; returns the recipe command's exit code on rank 0, 0 on clean worker exit."""
-    cfg.job_dir.mkdir(parents=True, exist_ok=True)
+    make_job_dir(cfg.job_dir)
     return run_head(cfg) if cfg.rank == 0 else run_worker(cfg)
 
 

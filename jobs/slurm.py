@@ -179,6 +179,7 @@ def submit(args: argparse.Namespace) -> submitit.Job:
     launch.check_recipe(args.recipe)
     job_dir = launch.new_job_dir(args.recipe, args.job_root)
     template = make_template(args, job_dir)
+    bootstrap.make_job_dir(job_dir)  # 0700 before submitit writes its files (and the logs) into it
     job = make_executor(args, job_dir).submit(RecipeJob(template))
     print(
         f"submitted job {job.job_id} ({args.cluster}): recipe {args.recipe}, {args.nodes} node(s) x "

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import secrets
 import shutil
 import signal
 import subprocess
@@ -15,7 +16,12 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+# Ray's token authentication for the session's Ray (the ray_cluster head and every driver or subprocess that
+# attaches to it), with a fresh token; embedded clusters make their own (arctic_rl/local_ray.py). Set before
+# anything imports ray, which reads the mode once. SkyRL's Ray 2.51 has no token auth and ignores both.
+os.environ["RAY_AUTH_MODE"] = "token"
+os.environ["RAY_AUTH_TOKEN"] = secrets.token_hex(32)
+os.environ.pop("RAY_AUTH_TOKEN_PATH", None)
 sys.path.insert(0, str(Path(__file__).parent))
 
 from tiny_models import make_tiny_model  # noqa: E402

@@ -3,11 +3,13 @@ so the client never imports engine code."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
 from typing import cast
 
+from arctic_rl.config import TOKEN_ENV
 from arctic_rl.errors import ERRORS, ArcticRLError
 
 
@@ -15,11 +17,14 @@ def run_deploy(config_json: str, timeout_s: float) -> str:
     """Runs the deploy command, echoing its progress; returns the deployed config's JSON."""
     t0 = time.time()
     print("[arctic-rl] starting engines (training, reference, sampling) ...", file=sys.stderr, flush=True)
+    # The deploy process is a Ray driver, not an HTTP server: it has no use for the bearer token.
+    env = {k: v for k, v in os.environ.items() if k != TOKEN_ENV}
     proc = subprocess.Popen(
         [sys.executable, "-m", "arctic_rl.server", "deploy", config_json],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
+        env=env,
     )
     result, tail = None, cast(list[str], [])
     assert proc.stdout is not None

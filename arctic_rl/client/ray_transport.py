@@ -12,25 +12,20 @@ from arctic_rl import ops
 from arctic_rl.client.launch import run_deploy
 from arctic_rl.config import ArcticRLClientConfig
 from arctic_rl.errors import ArcticRLError, EngineDeadError
+from arctic_rl.local_ray import start_local_ray
 
 
 class RayTransport:
     def __init__(self, config: ArcticRLClientConfig):
         address = config.ray_address or os.environ.get("RAY_ADDRESS")
         if not ray.is_initialized():
-            if not address:
-                # Embedded default: a private local Ray for this driver. Ray 2.60's token auth would make
-                # the deploy process (a second driver) fail to attach to it, so it is off for this one
-                # cluster unless the user chose a mode; real clusters keep their own settings.
-                os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-            # No address: a fresh local Ray ("local"), never whatever cluster happens to run on this host.
-            ray.init(
-                address=address or "local",
-                namespace=ops.NAMESPACE,
-                ignore_reinit_error=True,
-                log_to_driver=False,
-                include_dashboard=False,
-            )
+            opts: dict[str, Any] = {"namespace": ops.NAMESPACE, "ignore_reinit_error": True, "log_to_driver": False}
+            if address:  # a cluster of the user's: its own auth settings
+                ray.init(address=address, include_dashboard=False, **opts)
+            else:
+                # A fresh local Ray with token auth (local_ray), never whatever cluster happens to run on
+                # this host; the deploy process below attaches with the token this process now holds.
+                start_local_ray(include_dashboard=False, **opts)
         if config.job_id is None:
             # Deploy on *this* Ray cluster (the one just started when there was none).
             gcs = ray.get_runtime_context().gcs_address

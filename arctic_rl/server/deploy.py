@@ -10,24 +10,21 @@ import ray
 
 from arctic_rl.config import ArcticRLClientConfig, record_deployment
 from arctic_rl.errors import EngineDeadError
+from arctic_rl.local_ray import start_local_ray
 from arctic_rl.ops import NAMESPACE, controller_name
 from arctic_rl.server.controller import Controller
 from arctic_rl.server.startup import deployment_start_error
 
 
 def init_ray(cfg: ArcticRLClientConfig) -> str:
-    """Connects to cfg.ray_address / RAY_ADDRESS, or starts a local Ray; returns the GCS address."""
+    """Connects to cfg.ray_address / RAY_ADDRESS, or starts the embedded local Ray; returns the GCS address."""
     if not ray.is_initialized():
         address = cfg.ray_address or os.environ.get("RAY_ADDRESS")
-        extra: dict[str, Any] = {} if address else {"num_cpus": os.cpu_count()}
-        ray.init(
-            address=address or "local",
-            namespace=NAMESPACE,
-            ignore_reinit_error=True,
-            log_to_driver=False,
-            include_dashboard=False,
-            **extra,
-        )
+        opts: dict[str, Any] = {"namespace": NAMESPACE, "ignore_reinit_error": True, "log_to_driver": False}
+        if address:
+            ray.init(address=address, include_dashboard=False, **opts)
+        else:  # the embedded cluster: token auth, private temp dir (arctic_rl.local_ray)
+            start_local_ray(include_dashboard=False, num_cpus=os.cpu_count(), **opts)
     return ray.get_runtime_context().gcs_address
 
 

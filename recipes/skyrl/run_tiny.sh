@@ -20,7 +20,7 @@ PY=$ROOT/.venv-skyrl/bin/python
 SKYRL_DATA=$(realpath -m "${SKYRL_DATA:-runs/skyrl-data}")
 SKYRL_OUT=$(realpath -m "${SKYRL_OUT:-runs/skyrl-tiny}")
 mkdir -p "$SKYRL_OUT"
-export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 RAY_AUTH_MODE=disabled TOKENIZERS_PARALLELISM=false
+export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 export PYTHONPATH=$ROOT${PYTHONPATH:+:$PYTHONPATH}
 export MLFLOW_TRACKING_URI=${MLFLOW_TRACKING_URI:-sqlite:///$SKYRL_OUT/mlflow.db}
 export ARCTIC_RL_STATE_DIR=${ARCTIC_RL_STATE_DIR:-$SKYRL_OUT/arctic-state}

@@ -29,8 +29,9 @@ if [ -n "${ARCTIC_RL_JOB_DIR:-}" ] && [ -n "${RAY_ADDRESS:-}" ]; then
   RAY_INIT=(+ray_kwargs.ray_init.address="$RAY_ADDRESS"
             "+ray_kwargs.ray_init.runtime_env.env_vars.PYTHONPATH='$PYTHONPATH'")
 else
-  export RAY_AUTH_MODE=disabled
-  unset RAY_ADDRESS  # a private Ray for this run
+  # A private Ray for this run, with Ray's token auth and a fresh token (the processes of the run inherit it).
+  export RAY_AUTH_MODE=token RAY_AUTH_TOKEN=$(od -An -N32 -tx1 /dev/urandom | tr -d ' \n')
+  unset RAY_ADDRESS RAY_AUTH_TOKEN_PATH
   RAY_INIT=(+ray_kwargs.ray_init.num_cpus=16 +ray_kwargs.ray_init.address=local)
 fi
 [ -f "$VERL_DATA/train.parquet" ] || "$PYTHON" -m recipes.verl.gsm8k --out "$VERL_DATA"

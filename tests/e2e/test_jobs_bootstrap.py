@@ -65,3 +65,42 @@ def test_missing_node_times_out_naming_it(tmp_path: Path) -> None:
     assert "1 of 2 nodes registered; missing rank 1" in out.stderr, out.stderr[-3000:]
     assert "never" not in out.stdout
     assert "Ray stopped" in out.stdout  # torn down on the error path too
+
+
+WORKER_ENV = r"""
+import os, sys
+import ray
+ray.init(address=sys.argv[1], logging_level="ERROR", log_to_driver=False)
+
+@ray.remote(num_cpus=0)
+def token_in_worker():
+    return os.environ.get("ARCTIC_RL_TOKEN")
+
+print("driver:", os.environ.get("ARCTIC_RL_TOKEN"), "worker:", ray.get(token_in_worker.remote(), timeout=180))
+"""
+
+
+@pytest.mark.slow
+def test_ray_workers_of_a_job_never_see_the_bearer_token(tmp_path: Path, monkeypatch) -> None:
+    """A real `ray start` head of a job whose launcher holds ARCTIC_RL_TOKEN; the recipe command (a driver, which
+    keeps the token for the HTTP server it starts) runs a task, and the task's worker has no token."""
+    from jobs import bootstrap
+
+    monkeypatch.setenv("ARCTIC_RL_TOKEN", "job-bearer-s3cret")
+    cfg = bootstrap.BootstrapConfig(
+        command=["true"], job_dir=tmp_path / "job", num_cpus=1, ray_args=["--object-store-memory=100000000"]
+    )
+    bootstrap.make_job_dir(cfg.job_dir)
+    bootstrap.write_token(cfg)
+    node = bootstrap.RayNode(cfg, head_address=None)
+    try:
+        node.start()
+        address = node.wait_head_ready()
+        env = bootstrap.command_env(cfg, address)  # the recipe command's: Ray address, job token, bearer token
+        out = subprocess.run(
+            [sys.executable, "-c", WORKER_ENV, address], env=env, capture_output=True, text=True, timeout=300
+        )
+    finally:
+        node.stop()
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.strip().splitlines()[-1] == "driver: job-bearer-s3cret worker: None", out.stdout

@@ -1,0 +1,107 @@
+"""The folders jobs/bootstrap.py creates or reuses, and the environment it gives Ray: its functions called
+directly, without Slurm or Ray. A job's Ray temp dir has a predictable name, so the folder it lives in must be
+this user's own and closed; job folders (token file, logs, checkpoints) are 0700; the bearer token stays out
+of `ray start`'s environment (which every Ray worker of the node inherits) and out of the node probes'."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from arctic_rl.config import TOKEN_ENV
+from jobs import bootstrap
+
+OTHER_UID = 65534  # nobody
+
+
+def config(tmp_path: Path) -> bootstrap.BootstrapConfig:
+    cfg = bootstrap.BootstrapConfig(command=["true"], job_dir=tmp_path / "job", ray_temp_root=tmp_path / "tmp")
+    cfg.ray_temp_root.mkdir()
+    bootstrap.make_job_dir(cfg.job_dir)
+    return cfg
+
+
+def temp_root(cfg: bootstrap.BootstrapConfig) -> Path:
+    return cfg.ray_temp_root / f"arctic-rl-ray-{os.getuid()}"
+
+
+def mode(path: Path) -> int:
+    return path.stat().st_mode & 0o777
+
+
+def test_a_temp_root_owned_by_another_user_is_refused_naming_it(tmp_path):
+    if os.getuid() != 0:
+        pytest.skip("making a folder owned by another uid needs root")
+    cfg = config(tmp_path)
+    planted = temp_root(cfg)
+    planted.mkdir(mode=0o700)
+    os.chown(planted, OTHER_UID, OTHER_UID)
+    node = bootstrap.RayNode(cfg, head_address=None)
+    try:
+        with pytest.raises(PermissionError, match=f"{planted} is owned by uid {OTHER_UID}"):
+            node.start()
+        assert node.proc is None  # nothing of Ray started
+    finally:
+        node.stop()  # (stops what a start that was not refused began)
+
+
+@pytest.mark.parametrize("bad_mode", [0o777, 0o770, 0o703])
+def test_a_temp_root_others_can_write_into_is_refused_naming_it(tmp_path, bad_mode):
+    cfg = config(tmp_path)
+    planted = temp_root(cfg)
+    planted.mkdir()
+    os.chmod(planted, bad_mode)
+    node = bootstrap.RayNode(cfg, head_address=None)
+    try:
+        with pytest.raises(PermissionError, match=f"{planted} has mode {oct(bad_mode)}"):
+            node.start()
+        assert node.proc is None
+    finally:
+        node.stop()
+
+
+def test_a_symlinked_temp_root_is_refused(tmp_path):
+    cfg = config(tmp_path)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir(mode=0o700)
+    temp_root(cfg).symlink_to(elsewhere)
+    with pytest.raises(PermissionError, match=f"{temp_root(cfg)} is not a folder \\(it is a symlink\\)"):
+        bootstrap.RayNode(cfg, head_address=None).prepare_dirs()
+
+
+def test_created_folders_are_private(tmp_path):
+    cfg = config(tmp_path)
+    node = bootstrap.RayNode(cfg, head_address=None)
+    node.prepare_dirs()
+    assert mode(cfg.job_dir) == 0o700
+    assert mode(node.log_path.parent) == 0o700
+    assert mode(temp_root(cfg)) == 0o700
+    assert node.temp_dir.parent == temp_root(cfg)
+
+
+def test_an_existing_job_folder_is_closed_or_refused(tmp_path):
+    readable = tmp_path / "readable"
+    readable.mkdir()
+    os.chmod(readable, 0o755)  # the umask default of a folder the user made: nobody else can have written in it
+    bootstrap.make_job_dir(readable)
+    assert mode(readable) == 0o700
+    writable = tmp_path / "writable"
+    writable.mkdir()
+    os.chmod(writable, 0o777)
+    with pytest.raises(PermissionError, match=f"job folder {writable} has mode 0o777"):
+        bootstrap.make_job_dir(writable)
+
+
+def test_the_bearer_token_stays_out_of_ray_nodes_and_probes(tmp_path, monkeypatch):
+    monkeypatch.setenv(TOKEN_ENV, "bearer-s3cret")
+    monkeypatch.setenv("RAY_AUTH_TOKEN", "some-other-clusters-token")
+    cfg = config(tmp_path)
+    env = bootstrap.RayNode(cfg, head_address=None).env()
+    assert TOKEN_ENV not in env
+    # The job's own token file, not an inherited token (Ray prefers RAY_AUTH_TOKEN to the file when non-empty).
+    assert env["RAY_AUTH_TOKEN"] == "" and env["RAY_AUTH_TOKEN_PATH"] == str(bootstrap.token_file(cfg))
+    assert TOKEN_ENV not in bootstrap.pythonpath_env()
+    # The recipe command serves HTTP (or starts the server that does): it keeps the token.
+    assert bootstrap.command_env(cfg, "127.0.0.1:1")[TOKEN_ENV] == "bearer-s3cret"
