@@ -33,7 +33,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -43,6 +43,7 @@ HEAD_START_TIMEOUT_S = 120.0
 HEAD_GONE_GRACE_S = 30.0
 PROBE_TIMED_OUT = 3
 NODE_LOST = 4
+PROBE_PREFIX = "arctic-rl-probe: "  # marks the probe's and the watch's own lines among Ray's on their stdout
 
 
 @dataclass(kw_only=True)
@@ -244,6 +245,16 @@ def stop_file(cfg: BootstrapConfig) -> Path:
     return cfg.job_dir / f"ray-stop.{attempt_id()}"
 
 
+def probe_messages(lines: Iterable[str], rank: int) -> Iterator[dict]:
+    """The JSON messages of a probe or watch child, from its stdout. Ray may print lines of its own there too
+    (seen under load); they are logged, not parsed (one ended a job: JSONDecodeError in the head)."""
+    for line in lines:
+        if line.startswith(PROBE_PREFIX):
+            yield json.loads(line[len(PROBE_PREFIX) :])
+        elif line.strip():
+            log(rank, f"node probe said: {line.rstrip()}")
+
+
 def probe_nodes(address: str, num_nodes: int, timeout_s: float) -> int:
     """Child-process side of wait_for_nodes: prints one JSON line {rank: host} per change; exit 0 once all
     num_nodes ranks are alive, PROBE_TIMED_OUT on timeout (a crash exits 1). It runs in its own process
@@ -256,7 +267,7 @@ def probe_nodes(address: str, num_nodes: int, timeout_s: float) -> int:
     while True:
         ranks = alive_ranks()
         if ranks != last:
-            print(json.dumps(ranks), flush=True)
+            print(PROBE_PREFIX + json.dumps(ranks), flush=True)
             last = ranks
         if len(ranks) >= num_nodes:
             return 0
@@ -288,7 +299,7 @@ def watch_nodes(address: str, expected: dict[str, str]) -> int:
         alive = alive_ranks()
         for rank, host in sorted(expected.items()):
             if rank not in alive:
-                print(json.dumps({"rank": int(rank), "host": host}), flush=True)
+                print(PROBE_PREFIX + json.dumps({"rank": int(rank), "host": host}), flush=True)
                 return NODE_LOST
         time.sleep(2.0)
 
@@ -307,8 +318,8 @@ def wait_for_nodes(cfg: BootstrapConfig, address: str) -> dict[int, str]:
         remaining = max(1.0, deadline - time.monotonic())
         argv = [sys.executable, "-m", "jobs.bootstrap", "--probe-nodes", address, str(cfg.num_nodes), str(remaining)]
         proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, env={**pythonpath_env(), **ray_auth_env(cfg)})
-        for line in proc.stdout:
-            ranks = {int(r): host for r, host in json.loads(line).items()}
+        for msg in probe_messages(proc.stdout, 0):
+            ranks = {int(r): host for r, host in msg.items()}
             log(0, f"nodes registered: {len(ranks)}/{cfg.num_nodes} ({', '.join(sorted(ranks.values()))})")
         code = proc.wait()
         if code == 0 and len(ranks) >= cfg.num_nodes:
@@ -398,7 +409,7 @@ def run_command(cfg: BootstrapConfig, address: str, ranks: dict[int, str] | None
     try:
         while (code := proc.poll()) is None:
             if watch is not None and watch.poll() == NODE_LOST:
-                lost = json.loads(watch.stdout.readline())
+                lost = next(probe_messages(watch.stdout, 0))
                 log(0, f"node {lost['host']} (rank {lost['rank']}) left the Ray cluster; stopping the recipe")
                 stop_group(proc)
                 raise NodeLostError(

@@ -178,3 +178,12 @@ def test_launchers_plan_gpu_runs_before_queueing(tmp_path: Path, capsys: pytest.
         recipe(recipe="text2sql", config=big, nodes=1, gpus_per_node=8, job_root=str(tmp_path / "jobs"))
     assert launch.prepare("text2sql", big, [], tmp_path, nodes=1, gpus_per_node=8, plan=False)[2] == big
     assert not (tmp_path / "jobs").exists()
+
+
+def test_node_probe_reads_its_own_lines_among_rays(capsys: pytest.CaptureFixture) -> None:
+    """Ray may print lines of its own on the probe's stdout (a loaded CI machine did: the head died parsing one);
+    the head reads only the probe's marked lines and logs the rest."""
+    mark = bootstrap.PROBE_PREFIX
+    lines = ["(raylet) a line of Ray's\n", f'{mark}{{"0": "arctic-n1"}}\n', "\n", f'{mark}{{"0": "a", "1": "b"}}\n']
+    assert list(bootstrap.probe_messages(lines, 0)) == [{"0": "arctic-n1"}, {"0": "a", "1": "b"}]
+    assert "node probe said: (raylet) a line of Ray's" in capsys.readouterr().out
