@@ -43,6 +43,9 @@ HEAD_START_TIMEOUT_S = 120.0
 HEAD_GONE_GRACE_S = 30.0
 PROBE_TIMED_OUT = 3
 NODE_LOST = 4
+# Ray's message when its node gave up waiting for the raylet (a fixed 30 s in ray/_private/node.py).
+STARTUP_TIMED_OUT = "The current node timed out during startup"
+STARTUP_RETRIES = 2
 PROBE_PREFIX = "arctic-rl-probe: "  # marks the probe's and the watch's own lines among Ray's on their stdout
 
 
@@ -138,6 +141,7 @@ class RayNode:
         self.head_address = head_address
         self.node_ip = node_ip()
         self.proc: subprocess.Popen | None = None
+        self.log_start = 0  # where this attempt's output begins in log_path (start() appends)
 
     def argv(self) -> list[str]:
         cfg = self.cfg
@@ -162,6 +166,7 @@ class RayNode:
 
     def start(self) -> None:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self.log_start = self.log_path.stat().st_size if self.log_path.exists() else 0
         self.temp_dir.parent.mkdir(parents=True, exist_ok=True)
         env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", **ray_auth_env(self.cfg)}
         env.pop("RAY_ADDRESS", None)  # an inherited address would make `ray start --head` join it instead
@@ -175,6 +180,23 @@ class RayNode:
                 start_new_session=True,
                 preexec_fn=ignore_usr2,
             )
+
+    def restart_after_startup_timeout(self, restarts: int) -> bool:
+        """Starts `ray start` again when it gave up by Ray's own fixed 30 s wait for its raylet to register
+        (a loaded machine: "The current node timed out during startup"), at most STARTUP_RETRIES times;
+        False for any other exit."""
+        if restarts >= STARTUP_RETRIES or not self.log_path.exists():
+            return False
+        with open(self.log_path, "rb") as f:
+            f.seek(self.log_start)
+            if STARTUP_TIMED_OUT not in f.read().decode(errors="replace"):
+                return False
+        log(
+            self.cfg.rank, f"`ray start` timed out during startup (loaded machine?); starting it again ({restarts + 1})"
+        )
+        self.stop()
+        self.start()
+        return True
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
@@ -442,7 +464,15 @@ def run_head(cfg: BootstrapConfig) -> int:
     try:
         write_token(cfg)
         node.start()
-        address = node.wait_head_ready()
+        restarts = 0
+        while True:
+            try:
+                address = node.wait_head_ready()
+                break
+            except RuntimeError:
+                if not node.restart_after_startup_timeout(restarts):
+                    raise
+                restarts += 1
         head_file(cfg).write_text(json.dumps({"address": address, "host": socket.gethostname()}))
         log(0, f"Ray head up at {address} ({time.monotonic() - t0:.1f} s); waiting for {cfg.num_nodes} node(s)")
         ranks = wait_for_nodes(cfg, address)
@@ -473,6 +503,7 @@ def run_worker(cfg: BootstrapConfig) -> int:
     address = read_head_address(cfg)
     node = RayNode(cfg, head_address=address)
     head_gone_since: float | None = None
+    restarts = 0
     try:
         node.start()
         log(cfg.rank, f"joining Ray head {address} (log {node.log_path})")
@@ -480,6 +511,9 @@ def run_worker(cfg: BootstrapConfig) -> int:
             if not node.alive():
                 if stop_file(cfg).exists():
                     break
+                if node.restart_after_startup_timeout(restarts):
+                    restarts += 1
+                    continue
                 code = node.proc.returncode
                 raise RuntimeError(f"rank {cfg.rank}: `ray start` exited with code {code}; {node.log_hint()}")
             # Without a shared stop signal (head killed hard), leave once the head is unreachable for a while.

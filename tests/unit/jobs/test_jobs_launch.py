@@ -187,3 +187,18 @@ def test_node_probe_reads_its_own_lines_among_rays(capsys: pytest.CaptureFixture
     lines = ["(raylet) a line of Ray's\n", f'{mark}{{"0": "arctic-n1"}}\n', "\n", f'{mark}{{"0": "a", "1": "b"}}\n']
     assert list(bootstrap.probe_messages(lines, 0)) == [{"0": "arctic-n1"}, {"0": "a", "1": "b"}]
     assert "node probe said: (raylet) a line of Ray's" in capsys.readouterr().out
+
+
+def test_ray_start_is_started_again_only_after_its_own_startup_timeout(tmp_path: Path) -> None:
+    """Ray gives its raylet a fixed 30 s to register (ray/_private/node.py); on a loaded machine it gives up and
+    `ray start` exits ("The current node timed out during startup"). The node starts it again for that reason
+    only, from this attempt's log, and at most STARTUP_RETRIES times."""
+    node = bootstrap.RayNode(bootstrap.BootstrapConfig(command=["true"], job_dir=tmp_path), head_address="x:1")
+    node.log_path.parent.mkdir(parents=True)
+    node.log_path.write_text(f"Exception: {bootstrap.STARTUP_TIMED_OUT}. This could happen ...\n")
+    node.log_start = node.log_path.stat().st_size  # an earlier attempt's message
+    with open(node.log_path, "a") as out:
+        out.write("Exception: some other failure\n")
+    assert not node.restart_after_startup_timeout(0)
+    node.log_start = 0
+    assert not node.restart_after_startup_timeout(bootstrap.STARTUP_RETRIES)
