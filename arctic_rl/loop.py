@@ -35,6 +35,7 @@ from __future__ import annotations
 import importlib
 import os
 import random
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -259,6 +260,8 @@ def run(
     tracker = open_tracker(cfg, state.run_id, None if state.run_id else run_setup(cfg, client, num_gpus))
     state.run_id = tracker.run_id
     tracker.set_tags(tracking.placement_tags(client.health()))
+    if resume:
+        say_resumed(tracker, state.step, resume)
     flush_metrics(tracker, state)
     last = min(cfg.train.steps, stop_after or cfg.train.steps)
 
@@ -322,6 +325,7 @@ def run(
             bar.set_postfix(reward=f"{metrics[tracking.REWARD_MEAN]:.3f}")
             if not quiet:
                 bar.write(_step_line(step, cfg.train.steps, metrics))
+                sys.stdout.flush()  # a job's log is a file: a preempted attempt must not lose the steps it ran
             if cfg.eval.every and step % cfg.eval.every == 0:
                 evals.run(step)
         sleep.wake_all()  # the client is left as it was given: every engine awake
@@ -349,6 +353,13 @@ def run(
     if not quiet:
         print(summary_line(result), flush=True)
     return result
+
+
+def say_resumed(tracker: tracking.Tracker, step: int, checkpoint: Path) -> None:
+    """Says that this run continues from a checkpoint, in its output and on its MLflow run: a requeued job
+    that started from scratch instead would log the same steps (they are de-duplicated against MLflow)."""
+    tracker.set_tags({tracking.TAG_RESUMED_FROM_STEP: str(step)})
+    print(f"arctic-rl: resumed from step {step} ({checkpoint})", flush=True)
 
 
 def _step_line(step: int, total: int, m: dict[str, float]) -> str:

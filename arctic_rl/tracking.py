@@ -61,6 +61,7 @@ TAG_MAX_PROMPT_LENGTH = "max_prompt_length"  # tokens
 TAG_MAX_RESPONSE_LENGTH = "max_response_length"  # tokens
 TAG_SLURM_JOB_ID = "slurm_job_id"
 TAG_RESUME_KEY = "arctic_rl.resume_key"
+TAG_RESUMED_FROM_STEP = "resumed_from_step"  # the step of the checkpoint the latest attempt resumed from
 STANDARD_TAGS = (TAG_FRAMEWORK, TAG_BACKEND, TAG_RECIPE, TAG_MODEL, TAG_NODES, TAG_GPUS)
 SETUP_TAGS = (
     TAG_MODEL,
@@ -94,14 +95,19 @@ _MAX_METRICS_PER_BATCH = 1000
 _MAX_PARAM_VALUE_CHARS = 6000
 
 
-def set_run_context(framework: str, backend: str, recipe: str, model: str) -> dict[str, str]:
+def set_run_context(
+    framework: str, backend: str, recipe: str, model: str, extra: Mapping[str, str] | None = None
+) -> dict[str, str]:
     """For a framework whose own logger opens the MLflow run (verl, SkyRL): puts the standard tags into this
     process's MLFLOW_RUN_CONTEXT (a JSON dict of tags `mlflow.start_run` applies), with the ENV_DEFAULT_TAGS
-    filled from the environment. Tags already in MLFLOW_RUN_CONTEXT win. Call it before the logger starts."""
+    filled from the environment, plus `extra` (e.g. placement_tags of the deployment, so the run records where
+    its engines ran, as the reference loop's does). Tags already in MLFLOW_RUN_CONTEXT win. Call it before the
+    logger starts."""
     import json
 
     tags = {TAG_FRAMEWORK: framework, TAG_BACKEND: backend, TAG_RECIPE: recipe, TAG_MODEL: model}
     tags.update({tag: os.environ[env] for env, tag in ENV_DEFAULT_TAGS.items() if os.environ.get(env)})
+    tags.update(extra or {})
     tags.update(json.loads(os.environ.get("MLFLOW_RUN_CONTEXT") or "{}"))
     os.environ["MLFLOW_RUN_CONTEXT"] = json.dumps(tags)
     return tags

@@ -33,7 +33,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -46,6 +46,10 @@ HEAD_START_TIMEOUT_S = 120.0
 HEAD_GONE_GRACE_S = 30.0
 PROBE_TIMED_OUT = 3
 NODE_LOST = 4
+# Ray's message when its node gave up waiting for the raylet (a fixed 30 s in ray/_private/node.py).
+STARTUP_TIMED_OUT = "The current node timed out during startup"
+STARTUP_RETRIES = 2
+PROBE_PREFIX = "arctic-rl-probe: "  # marks the probe's and the watch's own lines among Ray's on their stdout
 
 
 @dataclass(kw_only=True)
@@ -142,6 +146,7 @@ class RayNode:
         self.head_address = head_address
         self.node_ip = node_ip()
         self.proc: subprocess.Popen | None = None
+        self.log_start = 0  # where this attempt's output begins in log_path (start() appends)
 
     def argv(self) -> list[str]:
         cfg = self.cfg
@@ -179,6 +184,7 @@ class RayNode:
 
     def start(self) -> None:
         self.prepare_dirs()
+        self.log_start = self.log_path.stat().st_size if self.log_path.exists() else 0
         with open(self.log_path, "ab") as out:
             self.proc = subprocess.Popen(
                 self.argv(),
@@ -189,6 +195,23 @@ class RayNode:
                 start_new_session=True,
                 preexec_fn=ignore_usr2,
             )
+
+    def restart_after_startup_timeout(self, restarts: int) -> bool:
+        """Starts `ray start` again when it gave up by Ray's own fixed 30 s wait for its raylet to register
+        (a loaded machine: "The current node timed out during startup"), at most STARTUP_RETRIES times;
+        False for any other exit."""
+        if restarts >= STARTUP_RETRIES or not self.log_path.exists():
+            return False
+        with open(self.log_path, "rb") as f:
+            f.seek(self.log_start)
+            if STARTUP_TIMED_OUT not in f.read().decode(errors="replace"):
+                return False
+        log(
+            self.cfg.rank, f"`ray start` timed out during startup (loaded machine?); starting it again ({restarts + 1})"
+        )
+        self.stop()
+        self.start()
+        return True
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
@@ -260,6 +283,16 @@ def stop_file(cfg: BootstrapConfig) -> Path:
     return cfg.job_dir / f"ray-stop.{attempt_id()}"
 
 
+def probe_messages(lines: Iterable[str], rank: int) -> Iterator[dict]:
+    """The JSON messages of a probe or watch child, from its stdout. Ray may print lines of its own there too
+    (seen under load); they are logged, not parsed (one ended a job: JSONDecodeError in the head)."""
+    for line in lines:
+        if line.startswith(PROBE_PREFIX):
+            yield json.loads(line[len(PROBE_PREFIX) :])
+        elif line.strip():
+            log(rank, f"node probe said: {line.rstrip()}")
+
+
 def probe_nodes(address: str, num_nodes: int, timeout_s: float) -> int:
     """Child-process side of wait_for_nodes: prints one JSON line {rank: host} per change; exit 0 once all
     num_nodes ranks are alive, PROBE_TIMED_OUT on timeout (a crash exits 1). It runs in its own process
@@ -272,7 +305,7 @@ def probe_nodes(address: str, num_nodes: int, timeout_s: float) -> int:
     while True:
         ranks = alive_ranks()
         if ranks != last:
-            print(json.dumps(ranks), flush=True)
+            print(PROBE_PREFIX + json.dumps(ranks), flush=True)
             last = ranks
         if len(ranks) >= num_nodes:
             return 0
@@ -304,7 +337,7 @@ def watch_nodes(address: str, expected: dict[str, str]) -> int:
         alive = alive_ranks()
         for rank, host in sorted(expected.items()):
             if rank not in alive:
-                print(json.dumps({"rank": int(rank), "host": host}), flush=True)
+                print(PROBE_PREFIX + json.dumps({"rank": int(rank), "host": host}), flush=True)
                 return NODE_LOST
         time.sleep(2.0)
 
@@ -323,8 +356,8 @@ def wait_for_nodes(cfg: BootstrapConfig, address: str) -> dict[int, str]:
         remaining = max(1.0, deadline - time.monotonic())
         argv = [sys.executable, "-m", "jobs.bootstrap", "--probe-nodes", address, str(cfg.num_nodes), str(remaining)]
         proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, env={**pythonpath_env(), **ray_auth_env(cfg)})
-        for line in proc.stdout:
-            ranks = {int(r): host for r, host in json.loads(line).items()}
+        for msg in probe_messages(proc.stdout, 0):
+            ranks = {int(r): host for r, host in msg.items()}
             log(0, f"nodes registered: {len(ranks)}/{cfg.num_nodes} ({', '.join(sorted(ranks.values()))})")
         code = proc.wait()
         if code == 0 and len(ranks) >= cfg.num_nodes:
@@ -418,7 +451,7 @@ def run_command(cfg: BootstrapConfig, address: str, ranks: dict[int, str] | None
     try:
         while (code := proc.poll()) is None:
             if watch is not None and watch.poll() == NODE_LOST:
-                lost = json.loads(watch.stdout.readline())
+                lost = next(probe_messages(watch.stdout, 0))
                 log(0, f"node {lost['host']} (rank {lost['rank']}) left the Ray cluster; stopping the recipe")
                 stop_group(proc)
                 raise NodeLostError(
@@ -451,7 +484,15 @@ def run_head(cfg: BootstrapConfig) -> int:
     try:
         write_token(cfg)
         node.start()
-        address = node.wait_head_ready()
+        restarts = 0
+        while True:
+            try:
+                address = node.wait_head_ready()
+                break
+            except RuntimeError:
+                if not node.restart_after_startup_timeout(restarts):
+                    raise
+                restarts += 1
         head_file(cfg).write_text(json.dumps({"address": address, "host": socket.gethostname()}))
         log(0, f"Ray head up at {address} ({time.monotonic() - t0:.1f} s); waiting for {cfg.num_nodes} node(s)")
         ranks = wait_for_nodes(cfg, address)
@@ -482,6 +523,7 @@ def run_worker(cfg: BootstrapConfig) -> int:
     address = read_head_address(cfg)
     node = RayNode(cfg, head_address=address)
     head_gone_since: float | None = None
+    restarts = 0
     try:
         node.start()
         log(cfg.rank, f"joining Ray head {address} (log {node.log_path})")
@@ -489,6 +531,9 @@ def run_worker(cfg: BootstrapConfig) -> int:
             if not node.alive():
                 if stop_file(cfg).exists():
                     break
+                if node.restart_after_startup_timeout(restarts):
+                    restarts += 1
+                    continue
                 code = node.proc.returncode
                 raise RuntimeError(f"rank {cfg.rank}: `ray start` exited with code {code}; {node.log_hint()}")
             # Without a shared stop signal (head killed hard), leave once the head is unreachable for a while.

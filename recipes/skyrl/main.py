@@ -73,12 +73,18 @@ class ArcticPPOExp(BasePPOExp):
         os.makedirs(self.cfg.trainer.export_path, exist_ok=True)
         os.makedirs(self.cfg.trainer.ckpt_path, exist_ok=True)
         client_config = client_config_from_skyrl(self.cfg)  # config errors before anything starts
+        self.client = create_arctic_rl_client(client_config)
+        placement = placement_tags(self.client.health())
+        print(f"[arctic-rl] placement: {placement['placement']}", flush=True)
+        # Before SkyRL's tracker opens the MLflow run: the run records where the engines run, too.
         set_run_context(
-            FRAMEWORK_SKYRL, BACKEND_ARCTIC, str(self.cfg.trainer.project_name), str(self.cfg.trainer.policy.model.path)
+            FRAMEWORK_SKYRL,
+            BACKEND_ARCTIC,
+            str(self.cfg.trainer.project_name),
+            str(self.cfg.trainer.policy.model.path),
+            placement,
         )
         tracker = self.get_tracker()
-        self.client = create_arctic_rl_client(client_config)
-        print(f"[arctic-rl] placement: {placement_tags(self.client.health())['placement']}", flush=True)
         generator = ArcticGenerator(self.cfg, self.tokenizer, self.client)
         trainer = ArcticPPOTrainer(
             cfg=self.cfg,

@@ -8,7 +8,8 @@ weight-sync plug-ins point at arctic-rl (recipes/verl/rollout.py). Then verl's o
 and `fit()` run unchanged: verl's data loader, reward loop, advantage estimator, KL, metrics and logger.
 
 MLflow: verl's logger opens the run (`trainer.project_name` is the experiment); the task runner adds the tags
-`arctic-rl compare` groups by (framework=verl, backend=arctic-rl, recipe, model) through MLflow's own
+`arctic-rl compare` groups by (framework=verl, backend=arctic-rl, recipe, model), and where arctic-rl's engines
+run (`engine_hosts`, `placement`, as the reference loop's runs have them), through MLflow's own
 `MLFLOW_RUN_CONTEXT` (a JSON dict of tags `mlflow.start_run` applies). Tags already in `MLFLOW_RUN_CONTEXT`
 win; recipe defaults to `ARCTIC_RL_RECIPE`, else `trainer.project_name`.
 """
@@ -47,12 +48,13 @@ def apply_arctic_defaults(config) -> None:
             OmegaConf.update(config, key, os.path.abspath(str(config.trainer.default_local_dir)), force_add=True)
 
 
-def set_mlflow_run_context(config, backend: str = "arctic-rl") -> dict[str, str]:
-    """The standard run tags (arctic_rl.tracking) for a verl run, put where verl's MLflow logger applies them."""
+def set_mlflow_run_context(config, backend: str = "arctic-rl", placement: dict | None = None) -> dict[str, str]:
+    """The standard run tags (arctic_rl.tracking) for a verl run, put where verl's MLflow logger applies them;
+    `placement`: arctic_rl.tracking.placement_tags of the deployment (where its engines run)."""
     from arctic_rl.tracking import FRAMEWORK_VERL, set_run_context
 
     return set_run_context(
-        FRAMEWORK_VERL, backend, str(config.trainer.project_name), str(config.actor_rollout_ref.model.path)
+        FRAMEWORK_VERL, backend, str(config.trainer.project_name), str(config.actor_rollout_ref.model.path), placement
     )
 
 
@@ -134,7 +136,8 @@ class _ArcticTaskRunner(BaseTaskRunner):
         )
         trainer.init_workers()
         trainer.async_rollout_manager.attach(trainer.actor_rollout_wg)
-        set_mlflow_run_context(config)  # the logger is opened in fit(), in this process
+        # The logger is opened in fit(), in this process; the engines' hosts come from the worker's deployment.
+        set_mlflow_run_context(config, placement=trainer.actor_rollout_wg.arctic_placement()[0])
         try:
             trainer.fit()
         finally:

@@ -112,6 +112,13 @@ class ArcticActorRolloutRefWorker(Worker):
         print(f"[arctic-rl] placement: {placement_tags(self.client.health())['placement']}", flush=True)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def arctic_placement(self) -> dict[str, str]:
+        """Where the deployment's engines run (arctic_rl.tracking.placement_tags): tags of verl's MLflow run."""
+        from arctic_rl.tracking import placement_tags
+
+        return placement_tags(self.client.health())
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def arctic_config(self) -> str:
         """The running deployment's config (with its job id): other processes attach with it."""
         return self.client.config.to_json()

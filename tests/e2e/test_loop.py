@@ -94,7 +94,7 @@ def test_the_loss_uses_the_sampling_temperature(tiny_llama, tmp_path):
 
 
 @pytest.mark.slow
-def test_loop_over_ray_logs_and_resumes_exactly(ray_cluster, tiny_llama, tmp_path, mlflow_db):
+def test_loop_over_ray_logs_and_resumes_exactly(ray_cluster, tiny_llama, tmp_path, mlflow_db, capsys):
     cfg_a = tiny_cfg(tiny_llama, tmp_path / "a")
     client = create_arctic_rl_client(cfg_a.client_config())
     try:
@@ -156,8 +156,12 @@ def test_loop_over_ray_logs_and_resumes_exactly(ray_cluster, tiny_llama, tmp_pat
             shutil.copytree(tmp_path / "a" / f"step_{k}", b_dir / f"step_{k}")
         (b_dir / "step_3" / STATE_FILE).unlink()
         client.sleep("sampling")  # as a run stopped mid-step leaves it: the next run wakes it first
+        capsys.readouterr()
         b = run(tiny_cfg(tiny_llama, b_dir, "resume=auto"), client)
         assert len(b.history) == 1 and b.run_id == a.run_id and len(b.rewards) == 3
+        # It says so, in its output and on the run (a run started over would log the same de-duplicated steps).
+        assert f"arctic-rl: resumed from step 2 ({b_dir / 'step_2'})" in capsys.readouterr().out
+        assert MlflowClient(tracking.default_tracking_uri()).get_run(b.run_id).data.tags["resumed_from_step"] == "2"
         ha, hb = a.history[2], b.history[0]
         assert hb[tracking.REWARD_MEAN] == ha[tracking.REWARD_MEAN]
         assert hb[tracking.RESPONSE_LENGTH_MEAN] == ha[tracking.RESPONSE_LENGTH_MEAN]

@@ -178,3 +178,27 @@ def test_launchers_plan_gpu_runs_before_queueing(tmp_path: Path, capsys: pytest.
         recipe(recipe="text2sql", config=big, nodes=1, gpus_per_node=8, job_root=str(tmp_path / "jobs"))
     assert launch.prepare("text2sql", big, [], tmp_path, nodes=1, gpus_per_node=8, plan=False)[2] == big
     assert not (tmp_path / "jobs").exists()
+
+
+def test_node_probe_reads_its_own_lines_among_rays(capsys: pytest.CaptureFixture) -> None:
+    """Ray may print lines of its own on the probe's stdout (a loaded CI machine did: the head died parsing one);
+    the head reads only the probe's marked lines and logs the rest."""
+    mark = bootstrap.PROBE_PREFIX
+    lines = ["(raylet) a line of Ray's\n", f'{mark}{{"0": "arctic-n1"}}\n', "\n", f'{mark}{{"0": "a", "1": "b"}}\n']
+    assert list(bootstrap.probe_messages(lines, 0)) == [{"0": "arctic-n1"}, {"0": "a", "1": "b"}]
+    assert "node probe said: (raylet) a line of Ray's" in capsys.readouterr().out
+
+
+def test_ray_start_is_started_again_only_after_its_own_startup_timeout(tmp_path: Path) -> None:
+    """Ray gives its raylet a fixed 30 s to register (ray/_private/node.py); on a loaded machine it gives up and
+    `ray start` exits ("The current node timed out during startup"). The node starts it again for that reason
+    only, from this attempt's log, and at most STARTUP_RETRIES times."""
+    node = bootstrap.RayNode(bootstrap.BootstrapConfig(command=["true"], job_dir=tmp_path), head_address="x:1")
+    node.log_path.parent.mkdir(parents=True)
+    node.log_path.write_text(f"Exception: {bootstrap.STARTUP_TIMED_OUT}. This could happen ...\n")
+    node.log_start = node.log_path.stat().st_size  # an earlier attempt's message
+    with open(node.log_path, "a") as out:
+        out.write("Exception: some other failure\n")
+    assert not node.restart_after_startup_timeout(0)
+    node.log_start = 0
+    assert not node.restart_after_startup_timeout(bootstrap.STARTUP_RETRIES)
