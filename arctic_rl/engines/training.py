@@ -522,6 +522,11 @@ class TrainingWorker:
         )
         if load_path is None:
             raise FileNotFoundError(f"no DeepSpeed checkpoint under {path!r} (tag 'arctic-rl')")
+        # DeepSpeed restores weights and optimizer but keeps the gradients accumulated since the last step: the
+        # next step would apply a backward taken on the weights that were replaced. The engine's zero_grad only
+        # drops param.grad; ZeRO's own also drops what it accumulates (grad_accum; ZeRO-3's partitions).
+        self.engine.optimizer.zero_grad(set_to_none=True)
+        self._pending_backward = False
 
 
 def _collect(refs: list, replies: list[list[dict]], engine: str) -> ArcticRLError | None:
