@@ -7,10 +7,12 @@ checkpoint of the backend, for transformers' from_pretrained, vLLM and the evals
 CKPT is a folder written by the backend's save_checkpoint (the loop's <checkpoint.dir>/step_K): DeepSpeed's
 checkpoint under the tag `arctic-rl`, then arctic_rl.json (step and the run's ArcticRLClientConfig), written
 last. The weights are the trainer's fp32 master weights, gathered from every ZeRO partition by DeepSpeed's
-own zero_to_fp32 (ZeRO-1/2/3; fp32 without ZeRO: the module weights DeepSpeed saved), cast to --dtype (default:
-the run's training dtype). Config, tokenizer and generation config come from the run's base model
-(model_name in arctic_rl.json, or --base), with the run's model_overrides (e.g. YaRN rope scaling) set in the
-config, so that whoever loads the folder computes what the trainer computed. The folder is written under a
+own zero_to_fp32 merge (ZeRO-1/2/3; fp32 without ZeRO: the module weights DeepSpeed saved), cast to --dtype
+(default: the run's training dtype). Every checkpoint file is read tensors-only (torch.load(weights_only=True),
+arctic_rl/engines/safe_load.py), also the files zero_to_fp32 itself would unpickle: a file holding anything
+else (a pickled object whose loading would run code) is refused, naming it. Config, tokenizer and generation
+config come from the run's base model (model_name in arctic_rl.json, or --base), with the run's
+model_overrides (e.g. YaRN rope scaling) set in the config, so that whoever loads the folder computes what the trainer computed. The folder is written under a
 temporary name next to DIR and renamed into place: nothing half-written is left at DIR.
 
 A LoRA run (training_config.lora) checkpoints its adapters only: the export loads the base model, puts the
@@ -30,6 +32,7 @@ from pathlib import Path
 
 import torch
 
+from arctic_rl.engines.safe_load import load_tensors_only
 from arctic_rl.errors import ConfigError
 
 DS_TAG = "arctic-rl"  # the tag TrainingWorker.save_checkpoint saves under
@@ -58,11 +61,10 @@ def trained_state_dict(ckpt: Path) -> dict[str, torch.Tensor]:
     if not ds_dir.is_dir():
         raise ConfigError(f"CKPT={str(ckpt)!r}: no DeepSpeed checkpoint folder {ds_dir}")
     if any(ds_dir.glob("*zero_pp_rank_*_optim_states.pt")):  # ZeRO-1/2/3, or bf16 without ZeRO
-        from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
-
-        state = get_fp32_state_dict_from_zero_checkpoint(str(ckpt), tag=DS_TAG)
+        state = zero_fp32_state(ds_dir)
     else:  # fp32 without ZeRO: no partitions to merge, the module as DeepSpeed saved it
-        state = torch.load(ds_dir / "mp_rank_00_model_states.pt", map_location="cpu", weights_only=False)["module"]
+        file = ds_dir / "mp_rank_00_model_states.pt"
+        state = _field(load_tensors_only(file, map_location="cpu"), "module", file)
     foreign = [k for k in state if not k.startswith(MODULE_PREFIX)]
     if foreign:
         raise ConfigError(
@@ -70,6 +72,57 @@ def trained_state_dict(ckpt: Path) -> dict[str, torch.Tensor]:
             f"(not a checkpoint of arctic-rl's trainer)"
         )
     return {k[len(MODULE_PREFIX) :]: v for k, v in state.items()}
+
+
+def zero_fp32_state(ds_dir: Path) -> dict[str, torch.Tensor]:
+    """DeepSpeed's zero_to_fp32 merge of the fp32 master partitions, with its file reading replaced: it
+    unpickles with torch.load(weights_only=False); here every file is read tensors-only (safe_load)."""
+    from deepspeed.checkpoint import constants as C
+    from deepspeed.utils import zero_to_fp32 as z
+
+    model_states = [_zero_model_state(Path(f)) for f in z.get_model_state_files(str(ds_dir))]
+    files = [Path(f) for f in z.get_optim_files(str(ds_dir))]
+    optim = [_field(load_tensors_only(f, map_location="cpu", mmap=True), C.OPTIMIZER_STATE_DICT, f) for f in files]
+    stage = _field(optim[0], C.ZERO_STAGE, files[0])
+    world = _field(optim[0], C.PARTITION_COUNT, files[0])
+    world = max(world) if isinstance(world, list) else world
+    if world != len(files):
+        raise ConfigError(
+            f"CKPT folder {ds_dir}: the optimizer was partitioned {world} ways but {len(files)} "
+            "*_optim_states.pt files are there (a rank's save is missing)"
+        )
+    key = C.SINGLE_PARTITION_OF_FP32_GROUPS if stage <= 2 else C.FP32_FLAT_GROUPS
+    groups = [_field(o, key, f) for o, f in zip(optim, files)]
+    if stage <= 2:
+        paddings = optim[0].get(C.PARAM_ALIGNMENT_PADDINGS)
+        lazy = z._get_fp32_state_dict_from_zero2_checkpoint(world, groups, model_states, False, paddings)
+    else:
+        lazy = z._get_fp32_state_dict_from_zero3_checkpoint(world, groups, model_states, False)
+    return z.to_torch_tensor(lazy)
+
+
+def _zero_model_state(file: Path):
+    """zero_to_fp32's record of one *_model_states.pt (buffers, parameter shapes, shared parameters)."""
+    from deepspeed.checkpoint import constants as C
+    from deepspeed.utils import zero_to_fp32 as z
+
+    sd = load_tensors_only(file, map_location="cpu")
+    names = set(_field(sd, C.BUFFER_NAMES, file))
+    module = _field(sd, "module", file)
+    return z.zero_model_state(
+        buffers={k: v.float() if v.is_floating_point() else v for k, v in module.items() if k in names},
+        param_shapes=_field(sd, C.PARAM_SHAPES, file),
+        shared_params=[[k, v] for k, v in _field(sd, "shared_params", file).items()],
+        ds_version=sd.get(C.DS_VERSION),
+        frozen_param_shapes=sd.get(C.FROZEN_PARAM_SHAPES),
+        frozen_param_fragments=sd.get(C.FROZEN_PARAM_FRAGMENTS),
+    )
+
+
+def _field(d: object, key: str, file: Path):
+    if not isinstance(d, dict) or key not in d:
+        raise ConfigError(f"{file}: no {key!r} in it (not a DeepSpeed checkpoint file of arctic-rl's trainer)")
+    return d[key]
 
 
 def merged_lora_state(base: str, overrides: dict, lora: dict, adapters: dict[str, torch.Tensor]) -> dict:

@@ -16,7 +16,6 @@ import contextlib
 import functools
 import math
 import os
-import pickle
 import socket
 import time
 from collections import deque
@@ -32,9 +31,10 @@ from arctic_rl.engines.forward import response_log_probs
 from arctic_rl.engines.lora import apply_lora, policy_weights, trainable_parameters
 from arctic_rl.engines.model import accelerator, load_hf_model
 from arctic_rl.engines.offload import EngineSleeper, sleep_info, state_digest
+from arctic_rl.engines.safe_load import load_tensors_only
 from arctic_rl.engines.startup import reports_start_failure
 from arctic_rl.engines.weight_buckets import Entry, pack, plan_buckets, unpack
-from arctic_rl.errors import ArcticRLError, ConfigError, EngineDeadError, EngineError
+from arctic_rl.errors import ArcticRLError, EngineDeadError, EngineError
 from arctic_rl.losses import load_loss_modules, resolve_loss_fn, resolve_post_processor
 
 MicroBatch = Batch | None
@@ -79,29 +79,12 @@ def weights_only_loads(engine) -> None:
     DeepSpeed's TorchCheckpointEngine unpickles with weights_only=False, and unpickling an arbitrary
     object runs code: a crafted file under the checkpoint root would run in the trainer. Every file
     DeepSpeed's load_checkpoint reads goes through `engine.checkpoint_engine.load` (model states via
-    its SDLoader, optimizer and ZeRO states directly), so that one method is replaced. Besides tensors
-    and plain containers, the files of ZeRO-1/2/3 checkpoints hold three DeepSpeed data classes (only
-    their fields are restored, no code runs); any other object makes the load fail with ConfigError.
+    its SDLoader, optimizer and ZeRO states directly), so that one method is replaced by
+    arctic_rl.engines.safe_load.load_tensors_only (which `arctic-rl export` reads with too).
     """
-    from deepspeed.runtime.fp16.loss_scaler import LossScaler
-    from deepspeed.runtime.zero.config import ZeroStageEnum
-    from deepspeed.utils.tensor_fragment import fragment_address
-
-    allowed = [LossScaler, ZeroStageEnum, fragment_address]
-
-    def load(path, map_location=None):
-        try:
-            with torch.serialization.safe_globals(allowed):
-                return torch.load(path, map_location=map_location, weights_only=True)
-        except pickle.UnpicklingError as e:
-            why = next((ln.strip() for ln in str(e).splitlines() if "Unsupported" in ln), str(e).splitlines()[0])
-            raise ConfigError(
-                f"refused to load {path}: it holds more than tensors and plain data ({why[:300]})"
-            ) from None
-
     if engine.checkpoint_engine is None:  # a ZeRO-3 engine without an optimizer (the reference) loads no checkpoint
         return
-    engine.checkpoint_engine.load = load
+    engine.checkpoint_engine.load = lambda path, map_location=None: load_tensors_only(path, map_location)
 
 
 class LogProbModel(torch.nn.Module):
@@ -540,6 +523,11 @@ class TrainingWorker:
         )
         if load_path is None:
             raise FileNotFoundError(f"no DeepSpeed checkpoint under {path!r} (tag 'arctic-rl')")
+        # DeepSpeed restores weights and optimizer but keeps the gradients accumulated since the last step: the
+        # next step would apply a backward taken on the weights that were replaced. The engine's zero_grad only
+        # drops param.grad; ZeRO's own also drops what it accumulates (grad_accum; ZeRO-3's partitions).
+        self.engine.optimizer.zero_grad(set_to_none=True)
+        self._pending_backward = False
 
 
 def _collect(refs: list, replies: list[list[dict]], engine: str) -> ArcticRLError | None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import threading
 import time
 import traceback
@@ -27,9 +28,9 @@ from arctic_rl.batch import LOG_PROBS_KEYS, TRAIN_KEYS, Batch, select_rows, spli
 from arctic_rl.config import ArcticRLClientConfig, forget_deployment, sampler_dtype
 from arctic_rl.errors import ArcticRLError, ConfigError, EngineDeadError, EngineError, ServerBusyError
 from arctic_rl.losses import load_loss_modules, resolve_loss_fn
-from arctic_rl.server import placement, startup, weight_check
+from arctic_rl.server import checkpoint_dirs, placement, startup, weight_check
 from arctic_rl.server.placers import make_placer
-from arctic_rl.server.requests import ENGINES, check_request, checkpoint_path
+from arctic_rl.server.requests import ENGINES, check_request, checkpoint_path, save_target
 
 PING_TIMEOUT_S = 10.0
 
@@ -386,33 +387,38 @@ class Controller:
             return self._get([a.state_digest.remote() for a in self.groups[engine]], engine)
 
     def save_checkpoint(self, path: str) -> dict:
-        path = str(checkpoint_path(path, self.cfg))  # under server.checkpoint_root only
-        Path(path).mkdir(parents=True, exist_ok=True)
+        """Writes the checkpoint into a new folder next to `path` and swaps it in once complete
+        (server/checkpoint_dirs.py): a save killed midway leaves the previous checkpoint at `path` whole."""
+        target = save_target(path, self.cfg)  # under server.checkpoint_root only, and not a folder of other files
         with self._locked("training"):
-            self._get([a.save_checkpoint.remote(path) for a in self.trainers], "training")
-        meta = {"step": self.step, "job_id": self.job_id, "config": json.loads(self.cfg.to_json())}
-        tmp = Path(path) / "arctic_rl.json.tmp"
-        tmp.write_text(json.dumps(meta, indent=1))
-        tmp.rename(Path(path) / "arctic_rl.json")
-        return {"path": path, "step": self.step}
+            staging = checkpoint_dirs.staging_dir(target)
+            try:
+                self._get([a.save_checkpoint.remote(str(staging)) for a in self.trainers], "training")
+                meta = {"step": self.step, "job_id": self.job_id, "config": json.loads(self.cfg.to_json())}
+                (staging / checkpoint_dirs.META_FILE).write_text(json.dumps(meta, indent=1))  # last: marks it complete
+                checkpoint_dirs.publish(staging, target)
+            finally:
+                shutil.rmtree(staging, ignore_errors=True)  # a failed save's files (gone once published)
+        return {"path": str(target), "step": self.step}
 
     def load_checkpoint(self, path: str) -> dict:
-        path = str(checkpoint_path(path, self.cfg))  # under server.checkpoint_root only
-        meta_path = Path(path) / "arctic_rl.json"
-        if not meta_path.is_file():
-            raise ConfigError(f"not an arctic-rl checkpoint: {meta_path} does not exist")
-        try:
-            meta = json.loads(meta_path.read_text())
-            step = int(meta["step"])
-        except (ValueError, KeyError, TypeError) as e:
-            raise ConfigError(
-                f"{meta_path}: not a valid arctic-rl checkpoint record ({type(e).__name__}: {e})"
-            ) from None
-        self._check_same_lora(meta, meta_path)
+        target = checkpoint_path(path, self.cfg)  # under server.checkpoint_root only
+        meta_path = target / checkpoint_dirs.META_FILE
         with self._locked("training"):
-            self._get([a.load_checkpoint.remote(path) for a in self.trainers], "training")
+            checkpoint_dirs.recover(target)
+            if not meta_path.is_file():
+                raise ConfigError(f"not an arctic-rl checkpoint: {meta_path} does not exist")
+            try:
+                meta = json.loads(meta_path.read_text())
+                step = int(meta["step"])
+            except (ValueError, KeyError, TypeError) as e:
+                raise ConfigError(
+                    f"{meta_path}: not a valid arctic-rl checkpoint record ({type(e).__name__}: {e})"
+                ) from None
+            self._check_same_lora(meta, meta_path)
+            self._get([a.load_checkpoint.remote(str(target)) for a in self.trainers], "training")
         self.step = step
-        return {"path": path, "step": self.step}
+        return {"path": str(target), "step": self.step}
 
     def _check_same_lora(self, meta: dict, meta_path: Path) -> None:
         """A LoRA checkpoint holds adapters only, and a full one no adapters: DeepSpeed would load either into

@@ -21,6 +21,7 @@ from arctic_rl.batch import LOG_PROBS_KEYS, TRAIN_KEYS, BatchError, BatchLimits,
 from arctic_rl.config import ArcticRLClientConfig
 from arctic_rl.errors import BatchFormatError, ConfigError, UnknownNameError
 from arctic_rl.losses import resolve_loss_fn, resolve_post_processor
+from arctic_rl.server import checkpoint_dirs
 from arctic_rl.strict import Strict, parse
 
 ENGINES = ("training", "reference", "sampling")
@@ -277,6 +278,18 @@ def checkpoint_path(path: Any, cfg: ArcticRLClientConfig) -> Path:
     return resolved
 
 
+def save_target(path: Any, cfg: ArcticRLClientConfig) -> Path:
+    """checkpoint_path, for a save: a folder inside the root (a save swaps the whole folder, server/checkpoint_dirs.py),
+    new or a checkpoint."""
+    target = checkpoint_path(path, cfg)
+    if target == Path(str(cfg.server.checkpoint_root)).resolve():
+        raise ConfigError(
+            f"checkpoint path {path!r} is the server's checkpoint_root itself: save under a name inside it (e.g. 'step_1')"
+        )
+    checkpoint_dirs.check_replaceable(target)
+    return target
+
+
 def check_request(
     op: str,
     args: dict,
@@ -333,5 +346,7 @@ def check_request(
         raise ConfigError(_NO_REFERENCE.format(op="update_reference"))
     elif op == "optimizer_step" and args.get("optim_params") is not None:
         parse(OptimParams, args["optim_params"], name="optim_params")
-    elif op in ("save_checkpoint", "load_checkpoint"):
+    elif op == "save_checkpoint":
+        save_target(args.get("path"), cfg)
+    elif op == "load_checkpoint":
         checkpoint_path(args.get("path"), cfg)

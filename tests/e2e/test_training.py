@@ -3,14 +3,23 @@ match 1 on the same global batch; a checkpoint restores log-probs and the next o
 the deployment that saved it, after it trained on);
 update_reference (reference := current policy) under each stage leaves the reference's log-probs equal to the
 policy's (on the same deployments; tests/e2e/test_sleep.py checks it again on a partitioned 2-rank ZeRO-3
-reference after sleep/wake)."""
+reference after sleep/wake); a load drops the gradient of a backward that was never stepped; a save over a
+checkpoint that is killed midway (SIGKILL of the training engine) leaves the previous checkpoint whole."""
 
 from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 import torch
 
 from arctic_rl import ArcticRLClientConfig, create_arctic_rl_client
+from arctic_rl.errors import EngineDeadError
 
 pytestmark = pytest.mark.slow
 STEPS = 3
@@ -151,6 +160,88 @@ def test_checkpoint_restores_log_probs_and_next_step(reference_run):
     assert m3["loss"] == reference_run["loss3"]
     assert s3["grad_norm"] == reference_run["grad_norm3"] and s3["step"] == STEPS
     assert torch.equal(c.log_probs(batch)["log_probs"][mask], reference_run["final"][mask])
+
+
+def assert_load_drops_an_unstepped_gradient(c, batch, ckpt) -> None:
+    """A backward never stepped, then a load: the next step applies the gradient taken after the load only (the
+    same step as from a clean load). Before, DeepSpeed kept the old gradient and the step applied both."""
+    c.load_checkpoint(str(ckpt))
+    clean = (c.forward_backward(batch, "sft")["loss"], c.optimizer_step()["grad_norm"])
+    c.forward_backward(batch, "sft")  # never stepped
+    c.load_checkpoint(str(ckpt))
+    after = (c.forward_backward(batch, "sft")["loss"], c.optimizer_step()["grad_norm"])
+    assert after == clean
+
+
+def test_load_checkpoint_drops_an_unstepped_gradient(reference_run):
+    c, batch = reference_run["client"], reference_run["batch"]
+    assert_load_drops_an_unstepped_gradient(c, batch, reference_run["ckpt"])
+    mask = batch["response_mask"].bool()  # step 3, as from the checkpoint:
+    assert torch.equal(c.log_probs(batch)["log_probs"][mask], reference_run["final"][mask])
+
+
+def _files(root: Path) -> dict[str, int]:
+    """Every file under `root` with its mtime (a file removed while walking, by a save that just ended, is left out)."""
+    out = {}
+    for d, _, names in os.walk(root):
+        for name in names:
+            with contextlib.suppress(FileNotFoundError):
+                out[os.path.join(d, name)] = os.stat(os.path.join(d, name)).st_mtime_ns
+    return out
+
+
+def _save_killed_at_its_first_file(client, root: Path, name: str) -> str:
+    """Starts save_checkpoint(name) and SIGKILLs the training engine's process as soon as a file under `root` is
+    new or rewritten. "killed": the save failed with the engine; "finished": it completed before any file was
+    seen (the engine lives); "late": it completed before the kill (the engine is dead)."""
+    pid = client.health()["engines"]["training[0]"]["pid"]
+    before = _files(root)
+    with ThreadPoolExecutor(1) as pool:
+        save = pool.submit(client.save_checkpoint, name)
+        while _files(root) == before:
+            if save.done():
+                save.result()
+                return "finished"
+            time.sleep(0.001)
+        os.kill(pid, signal.SIGKILL)
+        try:
+            save.result()
+        except EngineDeadError:
+            return "killed"
+    return "late"
+
+
+def test_a_save_killed_midway_leaves_the_previous_checkpoint(reference_run, tiny_llama):
+    """A deployment saves `ckpt`, trains on and saves over it; the training engine is SIGKILLed when the new save's
+    first file appears. The next load (into another deployment on the same root) gets the previous checkpoint,
+    whole. Before, DeepSpeed rewrote the files in place under the previous arctic_rl.json: the load took the new
+    module states with the old optimizer, or failed on a half-written file."""
+    root, batch = reference_run["ckpt"].parent, reference_run["batch"]
+    outcome, saved = "late", None
+    for _ in range(3):  # a deployment per try: only a save that ended before the kill needs another
+        victim = start(tiny_llama, 1, 1, checkpoint_root=root)
+        try:
+            victim.save_checkpoint("overwritten")
+            saved = victim.log_probs(batch)["log_probs"]
+            for _ in range(3):
+                train(victim, batch, 1)  # weights and Adam moments move on from the saved ones
+                at_save = victim.log_probs(batch)["log_probs"]
+                outcome = _save_killed_at_its_first_file(victim, root, "overwritten")
+                if outcome != "finished":
+                    break
+                saved = at_save
+        finally:
+            victim.shutdown()
+        if outcome == "killed":
+            break
+    assert outcome == "killed", "every save finished before its first file was seen: nothing was tested"
+    c = reference_run["client"]
+    c.load_checkpoint(str(root / "overwritten"))
+    mask = batch["response_mask"].bool()
+    assert torch.equal(c.log_probs(batch)["log_probs"][mask], saved[mask])
+    assert sorted(p.name for p in root.iterdir() if not p.name.startswith(".")) == ["overwritten", "step2"]
+    c.save_checkpoint("overwritten")  # the next save of the name removes what the killed one left (hidden)
+    assert sorted(p.name for p in root.iterdir()) == ["overwritten", "step2"]
 
 
 # -- arctic-rl export: the checkpoint above as a Hugging Face folder ------------------------------------------
