@@ -336,7 +336,8 @@ def _model_app(tmp_path, model):
         vllm_config={"max_seq_len": SEQ},
         server={"checkpoint_root": str(tmp_path / "root")},
     )
-    return TestClient(build_app(None, cfg)), cfg  # handle=None: a request past the checks would be a 500
+    base = f"http://{cfg.host}:{cfg.port}"  # the Host the server is bound to (TestClient's own is refused)
+    return TestClient(build_app(None, cfg), base_url=base), cfg  # handle=None: a request past the checks is a 500
 
 
 def _with(**changes):
