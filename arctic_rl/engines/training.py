@@ -33,8 +33,8 @@ from arctic_rl.engines.model import accelerator, load_hf_model
 from arctic_rl.engines.offload import EngineSleeper, sleep_info, state_digest
 from arctic_rl.engines.safe_load import load_tensors_only
 from arctic_rl.engines.startup import reports_start_failure
-from arctic_rl.engines.weight_buckets import Entry, pack, plan_buckets, unpack
-from arctic_rl.errors import ArcticRLError, EngineDeadError, EngineError
+from arctic_rl.engines.weight_buckets import Entry, bucket_bytes, pack, plan_buckets, unpack
+from arctic_rl.errors import ArcticRLError, ConfigError, EngineDeadError, EngineError
 from arctic_rl.losses import load_loss_modules, resolve_loss_fn, resolve_post_processor
 
 MicroBatch = Batch | None
@@ -376,15 +376,16 @@ class TrainingWorker:
 
     def _gathered_buckets(self, itemsize: int) -> Iterator[list[tuple[str, torch.Tensor]]]:
         """The policy's weights (merged, under the base model's names, with LoRA: engines.lora.policy_weights) in
-        buckets of at most vllm_config.sync_bucket_mb (counted at `itemsize` bytes per element), each gathered
-        while it is being read. Under ZeRO-3 every rank must iterate to the end: the gathers are collectives."""
+        buckets of at most vllm_config.sync_bucket_mb and 1/16 of the model (weight_buckets.bucket_bytes; counted at
+        `itemsize` bytes per element), each gathered while it is being read. Under ZeRO-3 every rank must iterate to the end: the gathers are collectives."""
         import deepspeed
 
         weights = policy_weights(self.module.model)
         zero3 = self._zero3()
         numel = (lambda p: p.ds_numel) if zero3 else (lambda p: p.numel())  # ZeRO-3: the full size, not the partition
         sizes = [(n, numel(p) * itemsize) for n, (p, _) in weights.items()]
-        for names in plan_buckets(sizes, self.cfg.vllm_config.sync_bucket_mb << 20):
+        limit = bucket_bytes(self.cfg.vllm_config.sync_bucket_mb, sum(n for _, n in sizes))
+        for names in plan_buckets(sizes, limit):
             group = [weights[n][0] for n in names]
             with deepspeed.zero.GatheredParameters(group) if zero3 else contextlib.nullcontext():
                 yield [(n, weights[n][1]()) for n in names]

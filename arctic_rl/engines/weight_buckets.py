@@ -25,6 +25,19 @@ _PIECE_OF = {piece: fused for fused, pieces in FUSED.items() for piece in pieces
 
 Entry = tuple[str, tuple[int, ...], int]  # name, shape, byte offset in the flat buffer
 
+# A bucket is at most this fraction of the model. A process's extra memory during a sync is a few buckets, not
+# one: on the first sync every process touches object-store pages for the first time (the store hands out fresh
+# regions while the last buckets' frees are pending: about four buckets' worth, which stay resident and are
+# reused by later syncs), besides the bucket being packed or loaded. At 1/16 that stays under half the model.
+MODEL_FRACTION = 16
+MIN_BUCKET_BYTES = 8 << 20  # below this the per-bucket round trips cost more than the memory saved
+
+
+def bucket_bytes(sync_bucket_mb: int, model_bytes: int) -> int:
+    """The bucket size a sync uses: vllm_config.sync_bucket_mb MiB, at most 1/MODEL_FRACTION of the model
+    (so a few buckets stay under half of it), and not under MIN_BUCKET_BYTES."""
+    return min(sync_bucket_mb << 20, max(model_bytes // MODEL_FRACTION, MIN_BUCKET_BYTES))
+
 
 def vllm_module(name: str) -> str:
     """The vLLM module an HF parameter name loads into: its owning module, with fused pieces renamed."""

@@ -326,7 +326,8 @@ class Controller:
 
     def _probe_log_prob_diff(self) -> float:
         worst, mean = self._probe_diff()
-        weight_check.verify_probe(worst, mean, self._probe_baseline, self.cfg.training_config.dtype)
+        dtype = weight_check.probe_dtype(self.cfg.training_config.dtype, sampler_dtype(self.cfg))
+        weight_check.verify_probe(worst, mean, self._probe_baseline, dtype)
         return worst
 
     def sampler_log_probs(self, sequences: list[list[int]], prompt_lens: list[int]) -> list[list[float]]:

