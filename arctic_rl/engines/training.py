@@ -34,7 +34,7 @@ from arctic_rl.engines.offload import EngineSleeper, sleep_info, state_digest
 from arctic_rl.engines.safe_load import load_tensors_only
 from arctic_rl.engines.startup import reports_start_failure
 from arctic_rl.engines.weight_buckets import Entry, bucket_bytes, pack, plan_buckets, unpack
-from arctic_rl.errors import ArcticRLError, ConfigError, EngineDeadError, EngineError
+from arctic_rl.errors import ArcticRLError, EngineDeadError, EngineError
 from arctic_rl.losses import load_loss_modules, resolve_loss_fn, resolve_post_processor
 
 MicroBatch = Batch | None
