@@ -10,7 +10,9 @@ laid over the nodes in order, as Ray's PACK strategy fills them. Memory is an es
 phase, in GiB:
   trainer    ZeRO stage s over N ranks, DeepSpeed mixed precision: bf16 params (2 B/param), bf16 grads (2),
              fp32 master + Adam m and v (12); stage 1 partitions the 12, stage 2 also the grads, stage 3 all
-             (fp32 training: 4 + 4 + 8). Plus DeepSpeed's default buckets (ZeRO-3: up to 1e9 live gathered
+             (fp32 training: 4 + 4 + 8). With LoRA only the adapters train: the frozen base weights whole on
+             every rank in the compute dtype, plus the adapters' params, grads and optimizer state (sharded
+             as above). Plus DeepSpeed's default buckets (ZeRO-3: up to 1e9 live gathered
              params and a 5e8-element reduce bucket; ZeRO-1/2: 5e8-element reduce and all-gather buckets).
   activations  one micro-batch (training_config.micro_batch_size rows at the longest prompt and response; a
              ZoRRo micro-batch holds each prompt once): with gradient checkpointing each layer's input
@@ -22,6 +24,10 @@ phase, in GiB:
              rank when it shares the trainer's devices), else the whole bf16 model on its one device.
   sampler    vLLM takes gpu_memory_utilization x the GPU's memory (weights / TP, then KV cache in the rest).
   context    about 0.5 GiB of CUDA context per process on the device.
+The GPU's memory is --gpu-memory-gib (default 80, DEFAULT_GPU_MEMORY_GIB); the same per-engine model on a
+CPU device (Device.cpu(), the machine's RAM: engine_memory / engine_peak) has no CUDA context, vLLM-CPU's
+fixed KV cache, and the fp32 load as a start-up peak (tests/gpu/test_gpu_plan.py checks the GPU model
+against torch.cuda.max_memory_allocated).
 Phases when colocated (sync loop): gen (sampler awake, trainer and reference asleep), train (trainer awake,
 sampler asleep) and sync (both awake, less RELEASED_IN_PHASE: the trainer's activations and the sampler's
 KV cache); what an asleep engine still holds is SLEEP_KEEPS. Split placement or
@@ -36,15 +42,17 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from arctic_rl.config import ArcticRLClientConfig
+from arctic_rl.config import ArcticRLClientConfig, LoraConfig
 from arctic_rl.errors import ConfigError
 from arctic_rl.runconfig import RunConfig
 from arctic_rl.server import placement
 
 GiB = 1024**3
+DEFAULT_GPU_MEMORY_GIB = 80.0  # `--gpu-memory-gib` of `arctic-rl plan` and the launchers, unless given
 CUDA_CONTEXT = 0.5 * GiB
 VLLM_OVERHEAD = 2 * GiB  # vLLM's profiled activations and non-torch memory inside its budget (enforce_eager)
 ZERO3_LIVE_PARAMS = 1e9  # DeepSpeed's stage3_max_live_parameters default
+FP32_LOAD = 4  # bytes/param: trainer and reference workers load the model in fp32 (then cast, partition)
 ZERO_BUCKET = 5e8  # DeepSpeed's reduce_bucket_size / allgather_bucket_size defaults (elements)
 # What an engine still holds on the device while asleep, as a share of its awake memory (its CUDA context
 # aside, counted apart). The trainer's and reference's sleep move parameters, gradients and optimizer
@@ -64,6 +72,30 @@ class ModelShape:
     intermediate: int
     vocab: int
     source: str
+    # (module name, in_features, out_features) of every linear layer but the LM head: what LoRA can adapt
+    linears: tuple[tuple[str, int, int], ...] = field(default=(), repr=False)
+
+
+@dataclass(frozen=True)
+class Device:
+    """What one engine's memory is laid on: a GPU of `memory` bytes, or a CPU machine's RAM."""
+
+    kind: str  # "cuda" | "cpu"
+    memory: float  # bytes
+
+    @classmethod
+    def gpu(cls, memory_gib: float = DEFAULT_GPU_MEMORY_GIB) -> Device:
+        if not memory_gib > 0:
+            raise ConfigError(f"gpu_memory_gib must be > 0, got {memory_gib!r}: pass the GPU's memory in GiB")
+        return cls("cuda", memory_gib * GiB)
+
+    @classmethod
+    def cpu(cls) -> Device:
+        """This machine's RAM (MemTotal): on CPU every engine's state is host memory."""
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                return cls("cpu", int(line.split()[1]) * 1024.0)
+        raise ConfigError("/proc/meminfo has no MemTotal: cannot size the CPU device")
 
 
 @dataclass
@@ -246,6 +278,12 @@ def model_shape(hf_config, source: str) -> ModelShape:
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(hf_config)
     params = sum(p.numel() for p in model.parameters())
+    head = model.get_output_embeddings()
+    linears = tuple(
+        (name, mod.in_features, mod.out_features)
+        for name, mod in model.named_modules()
+        if isinstance(mod, torch.nn.Linear) and mod is not head
+    )
     c = hf_config.get_text_config() if hasattr(hf_config, "get_text_config") else hf_config
     heads = c.num_attention_heads
     head_dim = getattr(c, "head_dim", None) or c.hidden_size // heads
@@ -260,6 +298,7 @@ def model_shape(hf_config, source: str) -> ModelShape:
         c.intermediate_size,
         c.vocab_size,
         source,
+        linears,
     )
 
 
@@ -282,20 +321,40 @@ def micro_batch_tokens(run: RunConfig, client: ArcticRLClientConfig) -> int:
     return rows * (prompt + response)
 
 
-def trainer_bytes(m: ModelShape, client: ArcticRLClientConfig, tokens: int) -> dict[str, float]:
+def lora_params(m: ModelShape, lora: LoraConfig) -> int:
+    """Elements of PEFT's adapters: A (rank x in) and B (out x rank) on every targeted linear layer; PEFT's
+    match: 'all-linear' is every linear layer but the LM head, a name matches itself or a dotted suffix."""
+    targets = lora.target_modules
+
+    def hit(name: str) -> bool:
+        return targets == "all-linear" or any(name == t or name.endswith("." + t) for t in targets)
+
+    return sum(lora.rank * (fan_in + fan_out) for name, fan_in, fan_out in m.linears if hit(name))
+
+
+def trainer_bytes(
+    m: ModelShape, client: ArcticRLClientConfig, tokens: int, device: Device | None = None
+) -> dict[str, float]:
+    """One trainer rank's bytes per component. With LoRA the optimizer sees only the adapters: the frozen base
+    weights stay whole on every rank in the compute dtype (ZeRO-1/2 partition what trains), and the adapters
+    have their grads and optimizer state, partitioned like a full model's."""
+    device = device or Device.gpu()
     tc = client.training_config
-    n, stage, psi = client.training_gpus, tc.zero_stage, m.params
+    n, stage = client.training_gpus, tc.zero_stage
     p, g, o = (2, 2, 12) if tc.dtype == "bfloat16" else (4, 4, 8)
     shard = {0: (1, 1, 1), 1: (1, 1, n), 2: (1, n, n), 3: (n, n, n)}[stage]
-    out = {"params": p * psi / shard[0], "grads": g * psi / shard[1], "optimizer": o * psi / shard[2]}
+    trained = lora_params(m, tc.lora) if tc.lora is not None else m.params
+    out: dict[str, float] = {"frozen base": p * m.params} if tc.lora is not None else {}
+    out |= {"params": p * trained / shard[0], "grads": g * trained / shard[1], "optimizer": o * trained / shard[2]}
     if stage == 3:
-        out["zero buffers"] = p * (min(ZERO3_LIVE_PARAMS, psi) + min(ZERO_BUCKET, psi))
+        out["zero buffers"] = p * (min(ZERO3_LIVE_PARAMS, trained) + min(ZERO_BUCKET, trained))
     elif stage in (1, 2):
-        out["zero buffers"] = p * 2 * min(ZERO_BUCKET, psi)
+        out["zero buffers"] = p * 2 * min(ZERO_BUCKET, trained)
     out["activations"] = activation_bytes(
         m, tokens, p, tc.gradient_checkpointing, tc.chunk_tokens, offload=tc.offload_activations
     )
-    out["context"] = CUDA_CONTEXT
+    if device.kind == "cuda":
+        out["context"] = CUDA_CONTEXT
     return out
 
 
@@ -312,7 +371,8 @@ def activation_bytes(
     return kept + logits
 
 
-def reference_bytes(m: ModelShape, client: ArcticRLClientConfig) -> dict[str, float]:
+def reference_bytes(m: ModelShape, client: ArcticRLClientConfig, device: Device | None = None) -> dict[str, float]:
+    device = device or Device.gpu()
     tc = client.training_config
     p = 2 if tc.dtype == "bfloat16" else 4
     workers = placement.num_reference_workers(client)
@@ -322,21 +382,58 @@ def reference_bytes(m: ModelShape, client: ArcticRLClientConfig) -> dict[str, fl
         out = {"params": p * m.params / workers, "zero buffers": p * min(ZERO3_LIVE_PARAMS, m.params) * (workers > 1)}
     else:
         out = {"params": p * m.params}
-    out["context"] = CUDA_CONTEXT
+    if device.kind == "cuda":
+        out["context"] = CUDA_CONTEXT
     return out
 
 
-def sampler_bytes(m: ModelShape, client: ArcticRLClientConfig, gpu_memory: float) -> tuple[dict[str, float], int]:
-    """(bytes per TP worker, KV-cache tokens per replica)."""
+def sampler_bytes(m: ModelShape, client: ArcticRLClientConfig, device: Device) -> tuple[dict[str, float], int]:
+    """(bytes per TP worker, KV-cache tokens per replica). On a GPU vLLM takes gpu_memory_utilization of it
+    (weights, its profiled overhead, the KV cache in the rest); vLLM-CPU allocates VLLM_CPU_KVCACHE_SPACE
+    whole GiB of KV cache (vllm_config.cpu_kvcache_space_gb, as the sampler sets it) beside the weights."""
     vc = client.vllm_config
     tp = vc.tensor_parallel_size
     b = 4 if vc.dtype == "float32" or (vc.dtype == "auto" and client.training_config.dtype == "float32") else 2
-    budget = vc.gpu_memory_utilization * gpu_memory
     weights = b * m.params / tp
-    kv = max(budget - weights - VLLM_OVERHEAD, 0.0)
+    if device.kind == "cuda":
+        kv = max(vc.gpu_memory_utilization * device.memory - weights - VLLM_OVERHEAD, 0.0)
+        out = {"weights": weights, "kv cache": kv, "overhead": VLLM_OVERHEAD, "context": CUDA_CONTEXT}
+    else:
+        kv = max(1, int(vc.cpu_kvcache_space_gb)) * GiB
+        out = {"weights": weights, "kv cache": kv}
     kv_heads = max(m.kv_dim // m.head_dim // tp, 1)  # fewer KV heads than workers: vLLM replicates them
     per_token = 2 * m.layers * kv_heads * m.head_dim * b  # K and V of every layer, this worker's heads
-    return {"weights": weights, "kv cache": kv, "overhead": VLLM_OVERHEAD}, int(kv // per_token) if per_token else 0
+    return out, int(kv // per_token) if per_token else 0
+
+
+def engine_memory(
+    m: ModelShape, client: ArcticRLClientConfig, tokens: int, device: Device
+) -> dict[str, dict[str, float]]:
+    """Bytes per component of one worker of each engine (training, reference, sampling) on `device`, a
+    micro-batch of `tokens` tokens: the model `arctic-rl plan` lays over GPUs, usable for a CPU deployment
+    too."""
+    return {
+        "training": trainer_bytes(m, client, tokens, device),
+        "reference": reference_bytes(m, client, device),
+        "sampling": sampler_bytes(m, client, device)[0],
+    }
+
+
+def startup_bytes(m: ModelShape, engine: str, device: Device) -> float:
+    """What one worker holds while it starts, where that is the device's memory. On CPU (host memory is the
+    device's) the trainer and the reference load the whole model in fp32 (FP32_LOAD bytes/param) before
+    DeepSpeed casts and partitions it; on a GPU that copy is host memory (a note of the plan: DeepSpeed
+    casts the module before it moves it to the device)."""
+    return FP32_LOAD * m.params if device.kind == "cpu" and engine != "sampling" else 0.0
+
+
+def engine_peak(m: ModelShape, client: ArcticRLClientConfig, tokens: int, device: Device) -> dict[str, float]:
+    """Peak bytes of one worker of each deployed engine: its awake state, or its start-up if larger."""
+    return {
+        engine: max(sum(parts.values()), startup_bytes(m, engine, device))
+        for engine, parts in engine_memory(m, client, tokens, device).items()
+        if parts
+    }
 
 
 # -- the plan -------------------------------------------------------------------------------------------------
@@ -345,7 +442,7 @@ def make_plan(
     nodes: int,
     gpus_per_node: int,
     cpus_per_node: int | None = None,
-    gpu_memory_gib: float = 80.0,
+    gpu_memory_gib: float = DEFAULT_GPU_MEMORY_GIB,
     model_config_path: str | None = None,
     name: str = "config",
 ) -> Plan:
@@ -365,8 +462,9 @@ def make_plan(
     problems: list[str] = []
     gpus = _lay_out(layout, client, nodes, gpus_per_node, problems)
     tokens = micro_batch_tokens(run, client)
-    s_bytes, kv_tokens = sampler_bytes(m, client, gpu_memory)
-    _fill(gpus, layout, trainer_bytes(m, client, tokens), reference_bytes(m, client), s_bytes, problems)
+    device = Device.gpu(gpu_memory_gib)
+    s_bytes, kv_tokens = sampler_bytes(m, client, device)
+    _fill(gpus, layout, trainer_bytes(m, client, tokens, device), reference_bytes(m, client, device), s_bytes, problems)
     phases = _phases(client, run)
     for g in gpus.values():
         g.phases = {ph: sum(_engine_bytes(e, awake, phase=ph) for e in g.engines) for ph, awake in phases.items()}
@@ -440,7 +538,7 @@ def _fill(
         tp = len(slot.devices)
         for k, bundle in enumerate(slot.devices):
             label = f"sampler {slot.index}" + (f" (TP {k + 1}/{tp})" if tp > 1 else "")
-            _put(gpus, slot.pool, bundle, Engine(label, "sampling", {**s_bytes, "context": CUDA_CONTEXT}))
+            _put(gpus, slot.pool, bundle, Engine(label, "sampling", s_bytes))
         nodes_of = {gpus[(slot.pool, b)].node for b in slot.devices if (slot.pool, b) in gpus}
         if len(nodes_of) > 1:
             problems.append(f"sampler replica {slot.index}'s TP group spans nodes {sorted(nodes_of)}")
@@ -479,7 +577,7 @@ def plan_run(
     nodes: int,
     gpus_per_node: int,
     cpus_per_node: int | None = None,
-    gpu_memory_gib: float = 80.0,
+    gpu_memory_gib: float = DEFAULT_GPU_MEMORY_GIB,
     model_config_path: str | None = None,
     name: str = "config",
 ) -> Plan:
@@ -591,7 +689,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--nodes", type=int, required=True)
     p.add_argument("--gpus-per-node", type=int, required=True)
     p.add_argument("--cpus-per-node", type=int, default=None, help="CPUs per node the job gets (Ray --num-cpus)")
-    p.add_argument("--gpu-memory-gib", type=float, default=80.0, help="memory of one GPU (default 80)")
+    p.add_argument(
+        "--gpu-memory-gib",
+        type=float,
+        default=DEFAULT_GPU_MEMORY_GIB,
+        help=f"memory of one GPU in GiB (default {DEFAULT_GPU_MEMORY_GIB:g}: an 80 GB A100/H100)",
+    )
     p.add_argument("--model-config", default=None, help="an HF config.json (or folder) to size a hub model from")
     a = p.parse_args(argv)
     try:

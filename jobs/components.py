@@ -33,6 +33,7 @@ def recipe(
     register_timeout_s: int = 300,
     ray_args: str = "",
     skip_plan: bool = False,
+    gpu_memory_gib: float = 0.0,
 ) -> specs.AppDef:
     """Runs an arctic-rl recipe on a Ray cluster brought up over the job's nodes.
 
@@ -51,6 +52,7 @@ def recipe(
         register_timeout_s: how long the head waits for all nodes to join Ray
         ray_args: extra `ray start` flags for every node
         skip_plan: submit even when `arctic-rl plan` (run first on GPU nodes) says the run cannot fit
+        gpu_memory_gib: memory of one GPU in GiB for that plan (0: the plan's default, 80)
     """
     launch.check_recipe(recipe)
     # The component runs at `torchx run` time, on the submitting machine: the job folder and the MLflow
@@ -66,6 +68,7 @@ def recipe(
         gpus_per_node=gpus_per_node,
         cpus_per_node=cpus_per_node or None,
         plan=not skip_plan,
+        gpu_memory_gib=gpu_memory_gib or None,
     )
     args = [
         "-m",

@@ -81,11 +81,13 @@ def validate_run(
     gpus_per_node: int = 0,
     cpus_per_node: int | None = None,
     plan: bool = True,
+    gpu_memory_gib: float | None = None,
 ) -> str | None:
     """The run config with its overrides, validated here, on the submitting machine, before anything is
     queued: a wrong key fails in a second (naming the key and the allowed keys), not on a compute node after
     the job waited in the queue. On GPU nodes also `arctic-rl plan`'s check (engines per GPU, memory per GPU,
-    CPUs per node): a run that cannot fit fails here with every reason. Returns the rendered plan, if any."""
+    CPUs per node, against GPUs of `gpu_memory_gib`, None: the plan's default of 80): a run that cannot fit
+    fails here with every reason. Returns the rendered plan, if any."""
     from arctic_rl.errors import ConfigError
     from arctic_rl.runconfig import load_run_config
 
@@ -93,9 +95,10 @@ def validate_run(
         run = load_run_config(config, list(overrides))
         if not (plan and gpus_per_node):
             return None
-        from arctic_rl.plan import plan_run
+        from arctic_rl.plan import DEFAULT_GPU_MEMORY_GIB, plan_run
 
-        return plan_run(run, nodes, gpus_per_node, cpus_per_node, name=config).render()
+        memory = DEFAULT_GPU_MEMORY_GIB if gpu_memory_gib is None else gpu_memory_gib
+        return plan_run(run, nodes, gpus_per_node, cpus_per_node, memory, name=config).render()
     except ConfigError as err:
         hint = " (--skip-plan submits anyway)" if plan and gpus_per_node else ""
         raise ValueError(f"{err}{hint}") from None
@@ -111,13 +114,14 @@ def prepare(
     gpus_per_node: int = 0,
     cpus_per_node: int | None = None,
     plan: bool = True,
+    gpu_memory_gib: float | None = None,
 ) -> list[str]:
     """What both launchers do before submitting: resolve the config, validate it (and on GPU nodes plan it,
     printing the plan), build the command."""
     if is_native(command):
         return recipe_command(config, overrides, job_dir, command)
     resolved = resolve_config(recipe, config)
-    rendered = validate_run(resolved, overrides, nodes, gpus_per_node, cpus_per_node, plan)
+    rendered = validate_run(resolved, overrides, nodes, gpus_per_node, cpus_per_node, plan, gpu_memory_gib)
     if rendered:
         print(rendered, flush=True)
     return recipe_command(resolved, overrides, job_dir)

@@ -93,6 +93,12 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         help="CPUs per node (also Ray's --num-cpus); default: whole nodes (--exclusive), Ray counts their CPUs",
     )
+    s.add_argument(
+        "--gpu-memory-gib",
+        type=float,
+        default=None,
+        help="memory of one GPU in GiB, for the plan run before queueing (default 80)",
+    )
     s.add_argument("--mem-gb", type=int, help="memory per node (default: the partition's default)")
     s.add_argument("--partition", help="Slurm partition (default: the cluster's default)")
     s.add_argument("--time", default="60", help="time limit, minutes or [D-]HH:MM:SS (default 60)")
@@ -160,6 +166,7 @@ def make_template(args: argparse.Namespace, job_dir: Path) -> bootstrap.Bootstra
         gpus_per_node=args.gpus_per_node,
         cpus_per_node=args.cpus_per_node,
         plan=not args.skip_plan,
+        gpu_memory_gib=args.gpu_memory_gib,
     )
     return bootstrap.BootstrapConfig(
         command=command,

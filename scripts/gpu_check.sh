@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The GPU checks as one prepared command, for a CUDA machine: tests/gpu/test_gpu.py, test_weight_sync_ipc.py
-# (bucketed sync over CUDA IPC between two processes) and test_gpu_sleep.py (all skipped without CUDA),
+# (bucketed sync over CUDA IPC between two processes), test_gpu_sleep.py and test_gpu_plan.py (the plan's
+# memory vs torch.cuda.max_memory_allocated; all skipped without CUDA),
 # then the two ZoRRo benchmarks on the GPU. Each step runs even if an earlier one failed; logs and
 # plots go to $OUT.
 #
@@ -34,9 +35,12 @@ EOF
 timeout 300 "$PY" -m pytest -q -s -rs --durations=10 -p no:cacheprovider tests/gpu/test_gpu.py tests/gpu/test_weight_sync_ipc.py 2>&1 | tee "$OUT/gpu_tests.log"
 # sleep/wake: the trainer's memory_allocated drops by >= 90% asleep, its state comes back bit-identical
 timeout 300 "$PY" -m pytest -q -s -rs -p no:cacheprovider tests/gpu/test_gpu_sleep.py 2>&1 | tee "$OUT/gpu_sleep.log"
+# the plan's per-engine memory vs torch.cuda.max_memory_allocated (ZeRO-1, ZeRO-3, LoRA, reference), within 25%
+timeout 300 "$PY" -m pytest -q -s -rs -p no:cacheprovider tests/gpu/test_gpu_plan.py 2>&1 | tee "$OUT/gpu_plan.log"
 timeout 150 "$PY" benchmarks/cascade_attention.py --device cuda --out "$OUT" 2>&1 | tee "$OUT/bench_cascade_cuda.log"
 timeout 300 "$PY" benchmarks/zorro_train.py --device cuda --out "$OUT" 2>&1 | tee "$OUT/bench_zorro_train_cuda.log"
 
 echo "gpu_check: tests: $(tail -n 1 "$OUT/gpu_tests.log")"
 echo "gpu_check: sleep: $(tail -n 1 "$OUT/gpu_sleep.log")"
+echo "gpu_check: plan: $(tail -n 1 "$OUT/gpu_plan.log")"
 grep -h '^summary' "$OUT"/bench_*_cuda.log | sed 's/^/gpu_check: /'

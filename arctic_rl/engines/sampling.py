@@ -17,6 +17,7 @@ from typing import Any, cast
 import torch
 
 from arctic_rl.config import ArcticRLClientConfig, sampler_dtype
+from arctic_rl.engines.memory import MemoryMark
 from arctic_rl.engines.model import accelerator
 from arctic_rl.engines.startup import reports_start_failure
 from arctic_rl.engines.weight_buckets import FUSED, Entry, unpack
@@ -72,6 +73,7 @@ class SamplingWorker:
 
             kwargs.update(zinf.vllm_engine_kwargs(self.cfg.arctic_inference_config.zorro_inference))
         kwargs.update(vc.engine_kwargs)
+        self.memory = MemoryMark()  # vLLM imported, nothing loaded: what follows is the engine's state
         t0 = time.time()
         self.llm = LLM(**kwargs)
         self.start_s = time.time() - t0
@@ -88,6 +90,7 @@ class SamplingWorker:
             "start_s": self.start_s,
             "asleep": self.asleep,
             "sleep": self.sleep_info(),
+            "memory": self.memory.report(),
             "host": socket.gethostname(),
             "node_id": ray.get_runtime_context().get_node_id(),
             "gpu_ids": [str(g) for g in ray.get_gpu_ids()],

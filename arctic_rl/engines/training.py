@@ -29,6 +29,7 @@ from arctic_rl.config import ArcticRLClientConfig, sampler_dtype
 from arctic_rl.engines.build_lock import await_build_lock
 from arctic_rl.engines.forward import response_log_probs
 from arctic_rl.engines.lora import apply_lora, policy_weights, trainable_parameters
+from arctic_rl.engines.memory import MemoryMark
 from arctic_rl.engines.model import accelerator, load_hf_model
 from arctic_rl.engines.offload import EngineSleeper, sleep_info, state_digest
 from arctic_rl.engines.safe_load import load_tensors_only
@@ -123,6 +124,7 @@ class TrainingWorker:
         self.module: Any = None
         self.sleeper: EngineSleeper | None = None  # set while asleep
         self.lora = False  # LoRA adapters on this worker's model (training_config.lora; never the reference)
+        self.memory: MemoryMark | None = None  # the RSS baseline, marked in setup before the weights load
         load_loss_modules(self.cfg.server.loss_modules)  # the names requests may use, as in the controller
 
     def rendezvous(self) -> tuple[str, int]:
@@ -153,6 +155,7 @@ class TrainingWorker:
             await_build_lock("deepspeed_shm_comm")  # init_distributed loads it; a dead build's lock would hang it
         deepspeed.init_distributed(dist_backend="nccl" if accelerator() == "cuda" else "gloo")
         bf16 = tc.dtype == "bfloat16"
+        self.memory = MemoryMark()  # libraries imported, process group up: what follows is the engine's state
         # Weights load in fp32; DeepSpeed's bf16 mode casts the module and keeps fp32 master weights.
         hf = load_hf_model(
             self.cfg.model_name,
@@ -222,6 +225,7 @@ class TrainingWorker:
             "trainable": self.trainable,
             "asleep": self.sleeper is not None,
             "sleep": sleep_info(accelerator()),
+            "memory": self.memory.report() if self.memory is not None else None,
             "host": socket.gethostname(),
             "node_id": ray.get_runtime_context().get_node_id(),
             "gpu_ids": [str(g) for g in ray.get_gpu_ids()],

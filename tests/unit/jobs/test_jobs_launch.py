@@ -202,3 +202,22 @@ def test_ray_start_is_started_again_only_after_its_own_startup_timeout(tmp_path:
     assert not node.restart_after_startup_timeout(0)
     node.log_start = 0
     assert not node.restart_after_startup_timeout(bootstrap.STARTUP_RETRIES)
+
+
+def test_launchers_plan_against_the_gpu_memory_given(tmp_path: Path) -> None:
+    """The GPU's memory is a launcher option (default 80 GiB, as `arctic-rl plan --gpu-memory-gib`): a run that
+    fits on 80 GiB GPUs is refused before queueing on 1 GiB ones, by submitit's launcher and TorchX's."""
+    from jobs import slurm
+
+    small = ["backend.training_gpus=2", "backend.sampling_gpus=2"]
+    assert launch.prepare("text2sql", None, small, tmp_path, nodes=2, gpus_per_node=1)[1] == "run"
+    with pytest.raises(ValueError, match=r"need more than 1\.0 GiB"):
+        launch.prepare("text2sql", None, small, tmp_path, nodes=2, gpus_per_node=1, gpu_memory_gib=1)
+    args = slurm.build_parser().parse_args(
+        ["submit", "--recipe", "text2sql", "--nodes", "2", "--gpus-per-node", "1", "--gpu-memory-gib", "1"]
+    )
+    args.overrides = small  # main() passes the key=value arguments so
+    with pytest.raises(ValueError, match=r"need more than 1\.0 GiB"):
+        slurm.make_template(args, tmp_path / "job")
+    with pytest.raises(ValueError, match=r"need more than 1\.0 GiB"):
+        recipe(*small, recipe="text2sql", nodes=2, gpus_per_node=1, gpu_memory_gib=1, job_root=str(tmp_path / "j"))
