@@ -15,7 +15,8 @@ Shapes legend: B rows, T = P + R total columns, P prompt columns, R response col
   weights          [B, R]   float   optional; per-token loss weights (the Tinker losses' cross_entropy)
   uid              [B]      str     the prompt group of each row (a list of strings, or ints)
 
-No other key is accepted; T is at most the deployment's max_seq_len (BatchLimits). Only the keys an op needs
+No other key is accepted; each row's tokens (prompt + response) are at most the deployment's max_seq_len, and
+so are P and R (BatchLimits). Only the keys an op needs
 are required: `log_probs` needs input_ids, attention_mask, responses
 (and uid for ZoRRo); `forward_backward` also needs response_mask and what its loss reads.
 """
@@ -143,12 +144,26 @@ def _range(batch: Batch, key: str, hi: int | None, what: str) -> None:
 
 
 def _check_values(batch: Batch, limits: BatchLimits) -> None:
-    T = batch["input_ids"].shape[1]
-    if limits.max_seq_len is not None and T > limits.max_seq_len:
-        raise BatchError(
-            f"batch['input_ids'] has {T} columns; the deployment takes at most "
-            f"vllm_config.max_seq_len={limits.max_seq_len} (shorten the sequences or raise max_seq_len)"
-        )
+    # Each row (its prompt plus its response) fits the model's window. The columns may not: prompts are
+    # left-padded to the longest prompt and responses right-padded to the longest response, which may be
+    # other rows', so P and R are each bounded by max_seq_len and T only by twice it.
+    cap = limits.max_seq_len
+    if cap is not None:
+        T, R = batch["input_ids"].shape[1], batch["responses"].shape[1]
+        for what, n in (("prompt", T - R), ("response", R)):
+            if n > cap:
+                raise BatchError(
+                    f"batch['input_ids'] has {n} {what} columns; the deployment takes at most "
+                    f"vllm_config.max_seq_len={cap} (shorten the sequences or raise max_seq_len)"
+                )
+        if "attention_mask" in batch and batch["attention_mask"].numel():
+            lengths = batch["attention_mask"].to(torch.int64).sum(-1)
+            row = int(lengths.argmax())
+            if int(lengths[row]) > cap:
+                raise BatchError(
+                    f"batch['input_ids'] row {row} has {int(lengths[row])} tokens (attention_mask); the deployment takes at most "
+                    f"vllm_config.max_seq_len={cap} (shorten the sequences or raise max_seq_len)"
+                )
     _range(batch, "input_ids", limits.vocab, f"token ids below the model's vocabulary of {limits.vocab}")
     _range(batch, "position_ids", limits.max_seq_len, f"positions below vllm_config.max_seq_len={limits.max_seq_len}")
     for key in MASK_KEYS:

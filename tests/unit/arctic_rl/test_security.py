@@ -353,6 +353,23 @@ def _long_batch():
     return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "responses": ids[:, -3:].clone()}
 
 
+def test_rows_that_fit_are_taken_though_the_padded_columns_do_not():
+    """A long prompt in one row and a long response in another: every row fits max_seq_len, the padded batch
+    (longest prompt + longest response) does not. That is a valid batch (the reference loop makes them)."""
+    from arctic_rl.batch import BatchLimits, validate_batch
+
+    P, R = SEQ - 4, 8
+    ids = torch.randint(1, 50, (2, P + R))
+    mask = torch.ones_like(ids)
+    mask[0, P + 4 :] = 0  # row 0: the long prompt, a 4-token response
+    mask[1, : P - 10] = 0  # row 1: a short prompt, the long response
+    batch = {"input_ids": ids, "attention_mask": mask, "responses": ids[:, P:].clone()}
+    assert validate_batch(batch, limits=BatchLimits(max_seq_len=SEQ)) == (2, P, R)
+    mask[1, : P - 10] = 1  # row 1 now has P + R > SEQ tokens
+    with pytest.raises(BatchFormatError, match=rf"row 1 has {P + R} tokens.*max_seq_len={SEQ}"):
+        validate_batch(batch, limits=BatchLimits(max_seq_len=SEQ))
+
+
 def _typed(dtype):
     b = _batch()
     b["input_ids"] = b["input_ids"].to(dtype)
