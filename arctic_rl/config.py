@@ -427,29 +427,28 @@ def _local_hf_config(model_name: str) -> dict | None:
     return json.loads(path.read_text())
 
 
-def model_window(model_name: str, overrides: dict[str, Any]) -> int | None:
-    """max_position_embeddings of the model's HF config after `overrides` (of its text config for a
-    multimodal model), or None when the config is not on disk or names no window."""
+def _hf_config_value(model_name: str, overrides: dict[str, Any], key: str) -> Any:
+    """`key` of the model's HF config after `overrides` (or of its text config, for a multimodal model); None
+    when the config is not on disk or names no such key."""
     hf = _local_hf_config(model_name)
     if hf is None:
         return None
     hf = {**hf, **overrides}
     text_config = hf.get("text_config")
     text = text_config if isinstance(text_config, dict) else {}
-    window = hf.get("max_position_embeddings", text.get("max_position_embeddings"))
+    return hf.get(key, text.get(key))
+
+
+def model_window(model_name: str, overrides: dict[str, Any]) -> int | None:
+    """max_position_embeddings of the model's HF config after `overrides`, or None when unknown."""
+    window = _hf_config_value(model_name, overrides, "max_position_embeddings")
     return int(window) if isinstance(window, (int, float)) and window > 0 else None
 
 
 def model_vocab_size(model_name: str, overrides: dict[str, Any]) -> int | None:
-    """vocab_size of the model's HF config after `overrides` (of its text config for a multimodal model): the
-    token ids a request may carry are below it. None when the config is not on disk or names none."""
-    hf = _local_hf_config(model_name)
-    if hf is None:
-        return None
-    hf = {**hf, **overrides}
-    text_config = hf.get("text_config")
-    text = text_config if isinstance(text_config, dict) else {}
-    vocab = hf.get("vocab_size", text.get("vocab_size"))
+    """vocab_size of the model's HF config after `overrides`: the token ids a request may carry are below it.
+    None when unknown."""
+    vocab = _hf_config_value(model_name, overrides, "vocab_size")
     return int(vocab) if isinstance(vocab, int) and vocab > 0 else None
 
 
