@@ -46,6 +46,16 @@ def apply_arctic_defaults(config) -> None:
         key = "actor_rollout_ref.arctic.server.checkpoint_root"
         if OmegaConf.select(config, key) is None:
             OmegaConf.update(config, key, os.path.abspath(str(config.trainer.default_local_dir)), force_add=True)
+        # The launcher's tag variables (nodes, GPUs, recipe, Slurm job id) are in this driver's environment only;
+        # the TaskRunner that opens the MLflow run is a Ray actor, whose environment is its raylet's. verl's
+        # ray_init runtime_env carries them to every actor of the job.
+        from arctic_rl.tracking import ENV_DEFAULT_TAGS
+
+        for var in ENV_DEFAULT_TAGS:
+            if os.environ.get(var):
+                OmegaConf.update(
+                    config, f"ray_kwargs.ray_init.runtime_env.env_vars.{var}", os.environ[var], force_add=True
+                )
 
 
 def set_mlflow_run_context(config, backend: str = "arctic-rl", placement: dict | None = None) -> dict[str, str]:

@@ -50,7 +50,7 @@ def test_prefill_is_refused_and_options_merge(tmp_path):
 
 
 @pytest.mark.parametrize("recipe", ["text2sql", "longqa"])
-def test_launch_scripts_compose_with_verl(recipe):
+def test_launch_scripts_compose_with_verl(recipe, monkeypatch):
     """The overrides of recipes/verl/configs/<recipe>.sh compose into verl's Hydra config for both backends,
     with the same hyper-parameters; the arctic-rl one builds a valid ArcticRLClientConfig."""
     import subprocess
@@ -98,8 +98,11 @@ def test_launch_scripts_compose_with_verl(recipe):
         "trainer.use_v1",
     ):
         assert OmegaConf.select(arctic, key) == OmegaConf.select(native, key), key
+    monkeypatch.setenv("ARCTIC_RL_NODES", "2")  # what jobs.bootstrap gives the recipe command
     apply_arctic_defaults(arctic)
     assert arctic.actor_rollout_ref.rollout.name == "arctic"
+    # The TaskRunner actor opens the MLflow run; the launcher's tags reach it through verl's job runtime_env.
+    assert arctic.ray_kwargs.ray_init.runtime_env.env_vars.ARCTIC_RL_NODES == "2"
     client = client_config_from_verl(arctic.actor_rollout_ref)
     assert client.training_gpus == 32 and client.training_config.zero_stage == 3
     assert client.vllm_config.tensor_parallel_size == native.actor_rollout_ref.rollout.tensor_model_parallel_size
