@@ -18,6 +18,8 @@ import numpy as np
 import pytest
 from repo_paths import REPO
 
+from arctic_rl import wire
+
 pytestmark = pytest.mark.slow
 TOKEN = "tml-arctic-front-key-not-shown"  # the SDK takes only keys that start with tml-
 PORT = 7433
@@ -57,7 +59,9 @@ def front(ray_cluster, tiny_llama, tmp_path_factory):
     # closed before the server goes: an open client's session heartbeat would go on failing to the session's end
     with tinker.ServiceClient(base_url=f"http://127.0.0.1:{PORT}", api_key=TOKEN) as service:
         yield {"service": service, "model": str(tiny_llama), "root": root}
-    httpx.post(f"http://127.0.0.1:{PORT}/v1/shutdown", headers={"Authorization": f"Bearer {TOKEN}"}, timeout=60)
+    # The wire's content type: the HTTP edges refuse any other before the op runs (a web page's POST has none).
+    headers = {"Authorization": f"Bearer {TOKEN}", "content-type": wire.CONTENT_TYPE}
+    httpx.post(f"http://127.0.0.1:{PORT}/v1/shutdown", headers=headers, timeout=60)
     proc.wait(timeout=60)
 
 
