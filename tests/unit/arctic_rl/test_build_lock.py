@@ -15,7 +15,12 @@ from arctic_rl.engines import build_lock
 from arctic_rl.engines.build_lock import await_build_lock, build_folder
 
 NAME = "deepspeed_shm_comm"
-WAIT = "from torch.utils.file_baton import FileBaton; import sys; FileBaton(sys.argv[1]).wait()"
+# The child says "ready" once torch is imported, so only the wait is timed: the import alone can take longer than
+# the wait's limit on a loaded machine (it did in CI, with the e2e suite beside it).
+WAIT = (
+    "from torch.utils.file_baton import FileBaton; import sys; print('ready', flush=True); "
+    "FileBaton(sys.argv[1]).wait()"
+)
 
 
 @pytest.fixture
@@ -33,11 +38,17 @@ def lock(tmp_path, monkeypatch):
 
 
 def torch_waits(lock) -> bool:
-    """Whether torch's own wait on the lock (what every later load of the op does) is still waiting after 3 s."""
+    """Whether torch's own wait on the lock (what every later load of the op does) is still waiting 3 s after it
+    began (torch's import not counted)."""
+    child = subprocess.Popen([sys.executable, "-c", WAIT, str(lock)], stdout=subprocess.PIPE, text=True)
     try:
-        subprocess.run([sys.executable, "-c", WAIT, str(lock)], timeout=3)
+        assert child.stdout is not None and child.stdout.readline().strip() == "ready"
+        child.wait(timeout=3)
     except subprocess.TimeoutExpired:
         return True
+    finally:
+        child.kill()
+        child.wait()
     return False
 
 
