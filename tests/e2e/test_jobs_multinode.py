@@ -47,13 +47,15 @@ REFUSED = Path("/run/arctic-slurm-cluster.refused")
 SIZE = ["train.steps=3", "train.prompts_per_step=2", "sampling.n=4"]
 PREEMPT_STEPS = 8  # the default text2sql data: a prompt of step 12 is past the tiny model's 2,048-token window
 JOB_TIMEOUT_S = 900
-# A lost node ends the job's attempt within this bound: Slurm's SlurmdTimeout (20 s in scripts/slurm_cluster.sh)
-# plus its ping cycle, or Ray's health checks (tens of seconds) for the head's node watch; with room for a loaded
-# machine. Not yet measured here (the shared machine, at load ~20, could not bring a two-node Ray up).
-NODE_LOSS_BOUND_S = 120
+# A lost node ends the job's attempt NODE_FAIL within this bound, and Slurm requeues it (JobRequeue=1). Measured
+# on the two-host cluster: 31 s (link cut) and 34 s (processes killed) on a quiet Xeon, 34 s (processes) in CI's
+# full run: Slurm's SlurmdTimeout (20 s in scripts/slurm_cluster.sh) plus its ping cycle, which the machine's load
+# barely moves. In each of those runs, and both of the previous session's, Slurm's NODE_FAIL came before the
+# head's node watch (Ray's health checks), so the test asserts the requeue, not "either".
+NODE_LOSS_BOUND_S = 90
 NODE_LOSS_ENDS = {"FAILED", "NODE_FAIL", "PENDING", "REQUEUED", "CANCELLED", "COMPLETED", "TIMEOUT"}
-# Requeued by Slurm (NODE_FAIL, JobRequeue=1: then PENDING) or failed by the head's node watch naming the node.
-NODE_LOSS_EXPECTED = {"FAILED", "NODE_FAIL", "PENDING", "REQUEUED"}
+# Requeued by Slurm: NODE_FAIL, or already PENDING/REQUEUED when sacct is first asked.
+NODE_LOSS_EXPECTED = {"NODE_FAIL", "PENDING", "REQUEUED"}
 
 
 def doc_commands(path: Path = DOC) -> list[str]:
@@ -152,7 +154,10 @@ def steps_of(client: MlflowClient, run_id: str, key: str = "timing_s/step") -> l
 
 def assert_spans_both_hosts(run) -> None:
     tags = run.data.tags
-    assert tags["nodes"] == "2" and tags["engine_hosts"] == ",".join(NODES), tags
+    # The placement tag in the message: CI once saw engine_hosts=arctic-n1 alone after a requeue (processes
+    # variant of the node-loss test; it passed on a rerun) and the truncated tags did not say which engine moved.
+    why = {key: tags.get(key) for key in ("nodes", "engine_hosts", "placement", "resumed_from_step")}
+    assert tags["nodes"] == "2" and tags["engine_hosts"] == ",".join(NODES), why
     placement = dict(item.split("=") for item in tags["placement"].split(","))
     assert {placement["training[0]"], placement["training[1]"]} == set(NODES), placement
     assert {placement["sampling[0]"], placement["sampling[1]"]} == set(NODES), placement
@@ -339,10 +344,8 @@ def latest_step(job_dir: Path) -> int:
 def test_node_loss_requeues_and_resumes(cluster, store: MlflowClient, size: list[str], how: str) -> None:
     """A two-node text2sql job (a trainer rank and a sampler replica on each node) loses its second node
     mid-run, the two ways nodes die: its link cut (`ip link set arctic-v2 down`), or its processes (slurmd,
-    the job's task, Ray and the engines) killed. Within NODE_LOSS_BOUND_S either Slurm ends the attempt
-    NODE_FAIL and requeues it (JobRequeue=1; once the node is back the job resumes from the last checkpoint and
-    completes), or the head's node watch fails the job with an error naming the node. Which one wins the race
-    was not yet measured on this machine: each is checked."""
+    the job's task, Ray and the engines) killed. Within NODE_LOSS_BOUND_S Slurm ends the attempt NODE_FAIL and
+    requeues it (JobRequeue=1); once the node is back the job resumes from the last checkpoint and completes."""
     victim = NODES[1]
     job_id, job_dir, _ = submit([*doc_command("python -m jobs.slurm submit"), *size])
     out = lambda: "".join(p.read_text(errors="replace") for p in (job_dir / "submitit").glob("*_0_log.*"))  # noqa: E731
@@ -365,9 +368,6 @@ def test_node_loss_requeues_and_resumes(cluster, store: MlflowClient, size: list
         assert victim in slurm.failed_nodes(job_id) or state.split()[0] != "NODE_FAIL"
     finally:
         restore_node(victim)
-    if state.split()[0] == "FAILED":  # the head's node watch ended it first: its error names the node
-        assert f"node {victim} (rank 1) left the job's Ray cluster" in out(), out()[-3000:]
-        return
     # Requeued: pending until the node is back (now), then held ~2 min by Slurm; release it.
     if wait_state(job_id, {"PENDING", "RUNNING", "COMPLETED"}, 60) == "PENDING":
         subprocess.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"], check=True)
