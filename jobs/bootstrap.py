@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import secrets
 import shlex
 import shutil
@@ -32,8 +33,9 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -102,10 +104,34 @@ def expand_nodelist(nodelist: str) -> list[str]:
     return out.stdout.split()
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("", 0))
-        return sock.getsockname()[1]
+# Ports handed to `ray start` come from below the kernel's ephemeral range. A port the kernel picks (bind to 0)
+# is free only until someone else's bind to 0 gets it: Ray's own processes bind dozens of ephemeral ports while
+# the head starts, and one took the Ray Client server's port between free_port() and its bind ("Address already
+# in use" on 127.0.0.1, the head's Ray died, and its job waited for nodes until the time limit). A port below the
+# range is never handed out by the kernel, so only another explicit choice can take it.
+LOWEST_PORT = 10000
+
+
+def ephemeral_low() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768  # Linux's default range is 32768-60999
+
+
+def free_port(attempts: int = 200) -> int:
+    """A port outside the ephemeral range that binds now on all addresses and on loopback."""
+    high = ephemeral_low()
+    for _ in range(attempts):
+        port = random.randrange(LOWEST_PORT, max(high, LOWEST_PORT + 1))
+        try:
+            for host in ("", "127.0.0.1"):
+                with socket.socket() as sock:
+                    sock.bind((host, port))
+        except OSError:
+            continue
+        return port
+    raise RuntimeError(f"no free port in {LOWEST_PORT}..{high - 1} after {attempts} tries")
 
 
 def node_ip() -> str | None:
@@ -346,20 +372,46 @@ class NodeLostError(RuntimeError):
     """A node of the job left the Ray cluster while the recipe ran."""
 
 
-def wait_for_nodes(cfg: BootstrapConfig, address: str) -> dict[int, str]:
+def stop_probe_if_head_dies(proc: subprocess.Popen, head_alive: Callable[[], bool]) -> threading.Event:
+    """Kills the probe when the head's `ray start` exits (its GCS is gone: no node can register any more);
+    the returned event says it did."""
+    died = threading.Event()
+
+    def watch() -> None:
+        while proc.poll() is None:
+            if not head_alive():
+                died.set()
+                proc.kill()
+                return
+            time.sleep(1.0)
+
+    threading.Thread(target=watch, daemon=True).start()
+    return died
+
+
+def wait_for_nodes(
+    cfg: BootstrapConfig, address: str, head_alive: Callable[[], bool] = lambda: True, head_log: str = ""
+) -> dict[int, str]:
     """Blocks until all cfg.num_nodes ranks are alive in Ray; the timeout error names the missing ones.
     A probe that crashes (ray.init can fail to register with a raylet that is still starting on a loaded
-    machine) is restarted while time is left."""
+    machine) is restarted while time is left. If the head's Ray dies meanwhile, fails at once with its log
+    (head_log) rather than waiting out register_timeout_s for nodes that can no longer join."""
     deadline = time.monotonic() + cfg.register_timeout_s
     ranks: dict[int, str] = {}
     while True:
         remaining = max(1.0, deadline - time.monotonic())
         argv = [sys.executable, "-m", "jobs.bootstrap", "--probe-nodes", address, str(cfg.num_nodes), str(remaining)]
         proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, env={**pythonpath_env(), **ray_auth_env(cfg)})
+        head_died = stop_probe_if_head_dies(proc, head_alive)
         for msg in probe_messages(proc.stdout, 0):
             ranks = {int(r): host for r, host in msg.items()}
             log(0, f"nodes registered: {len(ranks)}/{cfg.num_nodes} ({', '.join(sorted(ranks.values()))})")
         code = proc.wait()
+        if head_died.is_set() or not head_alive():
+            raise RuntimeError(
+                f"the head's Ray exited while waiting for nodes ({len(ranks)} of {cfg.num_nodes} registered); "
+                f"its log: {head_log or '?'}"
+            )
         if code == 0 and len(ranks) >= cfg.num_nodes:
             return ranks
         if code == PROBE_TIMED_OUT or time.monotonic() >= deadline:
@@ -495,7 +547,7 @@ def run_head(cfg: BootstrapConfig) -> int:
                 restarts += 1
         head_file(cfg).write_text(json.dumps({"address": address, "host": socket.gethostname()}))
         log(0, f"Ray head up at {address} ({time.monotonic() - t0:.1f} s); waiting for {cfg.num_nodes} node(s)")
-        ranks = wait_for_nodes(cfg, address)
+        ranks = wait_for_nodes(cfg, address, node.alive, node.log_path.as_posix())
         log(0, f"all {cfg.num_nodes} node(s) registered ({time.monotonic() - t0:.1f} s)")
         rc = run_command(cfg, address, ranks)
         return rc

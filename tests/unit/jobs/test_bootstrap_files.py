@@ -105,3 +105,23 @@ def test_the_bearer_token_stays_out_of_ray_nodes_and_probes(tmp_path, monkeypatc
     assert TOKEN_ENV not in bootstrap.pythonpath_env()
     # The recipe command serves HTTP (or starts the server that does): it keeps the token.
     assert bootstrap.command_env(cfg, "127.0.0.1:1")[TOKEN_ENV] == "bearer-s3cret"
+
+
+def test_ports_for_ray_are_never_ones_the_kernel_hands_out():
+    """A port from bind(0) can be taken by any of Ray's own ephemeral binds before `ray start` binds it (the Ray
+    Client server's port was, in a two-node job: its head died). Ports given to Ray come from below the range."""
+    low = bootstrap.ephemeral_low()
+    ports = {bootstrap.free_port() for _ in range(50)}
+    assert all(bootstrap.LOWEST_PORT <= p < low for p in ports), (low, sorted(ports))
+    assert len(ports) > 1
+
+
+def test_the_head_stops_waiting_for_nodes_when_its_ray_dies(tmp_path):
+    """The head's `ray start` died after its address was published (its Ray Client server failed to bind): no
+    node can register any more, and the head had waited out register_timeout_s. It fails at once, naming its log."""
+    cfg = bootstrap.BootstrapConfig(
+        command=["true"], job_dir=tmp_path / "job", ray_temp_root=tmp_path / "tmp", num_nodes=2, register_timeout_s=60
+    )
+    (tmp_path / "job").mkdir()
+    with pytest.raises(RuntimeError, match="head's Ray exited while waiting for nodes.*ray-node0.log"):
+        bootstrap.wait_for_nodes(cfg, "127.0.0.1:1", head_alive=lambda: False, head_log="ray-node0.log")
