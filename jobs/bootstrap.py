@@ -108,8 +108,10 @@ def expand_nodelist(nodelist: str) -> list[str]:
 # is free only until someone else's bind to 0 gets it: Ray's own processes bind dozens of ephemeral ports while
 # the head starts, and one took the Ray Client server's port between free_port() and its bind ("Address already
 # in use" on 127.0.0.1, the head's Ray died, and its job waited for nodes until the time limit). A port below the
-# range is never handed out by the kernel, so only another explicit choice can take it.
-LOWEST_PORT = 10000
+# range is never handed out by the kernel, so only another explicit choice can take it. Ray's own worker ports
+# (min_worker_port..max_worker_port, 10002-19999 by default) are below it too: `ray start` refuses a port of
+# ours in that range ("worker_ports is trying to use a port number ... used by other components").
+LOWEST_PORT = 20000
 
 
 def ephemeral_low() -> int:
@@ -121,9 +123,9 @@ def ephemeral_low() -> int:
 
 def free_port(attempts: int = 200) -> int:
     """A port outside the ephemeral range that binds now on all addresses and on loopback."""
-    high = ephemeral_low()
+    high = max(ephemeral_low(), LOWEST_PORT + 1000)  # a site whose ephemeral range starts lower: still a range
     for _ in range(attempts):
-        port = random.randrange(LOWEST_PORT, max(high, LOWEST_PORT + 1))
+        port = random.randrange(LOWEST_PORT, high)
         try:
             for host in ("", "127.0.0.1"):
                 with socket.socket() as sock:

@@ -113,6 +113,7 @@ def test_ports_for_ray_are_never_ones_the_kernel_hands_out():
     low = bootstrap.ephemeral_low()
     ports = {bootstrap.free_port() for _ in range(50)}
     assert all(bootstrap.LOWEST_PORT <= p < low for p in ports), (low, sorted(ports))
+    assert min(ports) > 19999, sorted(ports)  # Ray's default worker ports (10002-19999): ray start refuses those
     assert len(ports) > 1
 
 
