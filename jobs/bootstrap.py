@@ -374,21 +374,17 @@ class NodeLostError(RuntimeError):
     """A node of the job left the Ray cluster while the recipe ran."""
 
 
-def stop_probe_if_head_dies(proc: subprocess.Popen, head_alive: Callable[[], bool]) -> threading.Event:
-    """Kills the probe when the head's `ray start` exits (its GCS is gone: no node can register any more);
-    the returned event says it did."""
-    died = threading.Event()
+def stop_probe_if_head_dies(proc: subprocess.Popen, head_alive: Callable[[], bool]) -> None:
+    """Kills the probe when the head's `ray start` exits (its GCS is gone: no node can register any more)."""
 
     def watch() -> None:
         while proc.poll() is None:
             if not head_alive():
-                died.set()
                 proc.kill()
                 return
             time.sleep(1.0)
 
     threading.Thread(target=watch, daemon=True).start()
-    return died
 
 
 def wait_for_nodes(
@@ -404,12 +400,12 @@ def wait_for_nodes(
         remaining = max(1.0, deadline - time.monotonic())
         argv = [sys.executable, "-m", "jobs.bootstrap", "--probe-nodes", address, str(cfg.num_nodes), str(remaining)]
         proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, env={**pythonpath_env(), **ray_auth_env(cfg)})
-        head_died = stop_probe_if_head_dies(proc, head_alive)
+        stop_probe_if_head_dies(proc, head_alive)
         for msg in probe_messages(proc.stdout, 0):
             ranks = {int(r): host for r, host in msg.items()}
             log(0, f"nodes registered: {len(ranks)}/{cfg.num_nodes} ({', '.join(sorted(ranks.values()))})")
         code = proc.wait()
-        if head_died.is_set() or not head_alive():
+        if not head_alive():
             raise RuntimeError(
                 f"the head's Ray exited while waiting for nodes ({len(ranks)} of {cfg.num_nodes} registered); "
                 f"its log: {head_log or '?'}"
