@@ -452,6 +452,18 @@ def model_vocab_size(model_name: str, overrides: dict[str, Any]) -> int | None:
     return int(vocab) if isinstance(vocab, int) and vocab > 0 else None
 
 
+def native_dtype() -> Literal["bfloat16", "float32"]:
+    """The training dtype `model.dtype: auto` picks: bfloat16 on CUDA and on a CPU that oneDNN runs bfloat16
+    kernels on (AVX-512 BF16, AMX), float32 on any other CPU. Without those instructions (an AVX2-only AMD EPYC
+    seen) torch emulates each bfloat16 GEMM through float32 conversions, and the bundled demo's evals and steps
+    ran several times slower than in float32."""
+    import torch
+
+    if torch.cuda.is_available() or torch.ops.mkldnn._is_mkldnn_bf16_supported():
+        return "bfloat16"
+    return "float32"
+
+
 def sampler_dtype(cfg: ArcticRLClientConfig) -> str:
     """vllm_config.dtype, where "auto" is the training dtype: a sampler in another dtype than the trainer
     samples from another policy than the one trained (vLLM's own "auto" is the checkpoint's dtype)."""

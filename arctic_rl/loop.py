@@ -234,6 +234,8 @@ def run(
             f"every train example's prompt has vllm_config.max_seq_len={window} tokens or more: raise it "
             f"(within the model's window) or shorten the prompts"
         )
+    if cfg.model.dtype == "auto" and not quiet:
+        print(f"arctic-rl: model.dtype auto -> {client_config.training_config.dtype} on this machine", flush=True)
     if dropped and not quiet:
         print(
             f"arctic-rl: left out {dropped} of {len(examples) + dropped} train examples whose prompt has "

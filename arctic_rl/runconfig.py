@@ -13,7 +13,7 @@ Overrides are `dotted.key=value`; the value is parsed as a YAML scalar (`train.s
 `sampling.stop=[]` a list, `resume=never` a string).
 
 Mapping to the backend, never silently: `model.dtype` becomes training_config.dtype unless the backend
-section sets it; `train.micro_batch_size` (prompt groups per forward pass) becomes
+section sets it (`auto`: bfloat16 where the machine computes it natively, else float32: config.native_dtype); `train.micro_batch_size` (prompt groups per forward pass) becomes
 training_config.micro_batch_size = groups x sampling.n rows; a conflicting explicit value is an error.
 """
 
@@ -27,7 +27,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import Field, ValidationError, model_validator
 
-from arctic_rl.config import ArcticRLClientConfig
+from arctic_rl.config import ArcticRLClientConfig, native_dtype
 from arctic_rl.errors import ConfigError
 from arctic_rl.losses.config import parse_loss_config
 from arctic_rl.strict import Strict, explain
@@ -50,7 +50,9 @@ class ModelConfig(Strict):
             return str(demo_model_path())
         return self.name_or_path
 
-    dtype: Literal["bfloat16", "float32"] | None = None
+    # "auto": bfloat16 where this machine computes it natively, float32 elsewhere (native_dtype); resolved
+    # where `arctic-rl run` runs, which for a job is its first node.
+    dtype: Literal["auto", "bfloat16", "float32"] | None = None
     yarn: YarnConfig | None = None
     # Applied to the HF config in trainer, log-prob engine and sampler (ArcticRLClientConfig.model_overrides).
     overrides: dict[str, Any] = Field(default_factory=dict)
@@ -267,7 +269,8 @@ class RunConfig(Strict):
         training = data.setdefault("training_config", {})
         if not isinstance(training, dict):
             raise ValueError(f"backend.training_config must be a mapping, got {training!r}")
-        _imply(training, "dtype", self.model.dtype, "model.dtype", "backend.training_config.dtype")
+        dtype = native_dtype() if self.model.dtype == "auto" else self.model.dtype
+        _imply(training, "dtype", dtype, "model.dtype", "backend.training_config.dtype")
         if self.train.micro_batch_size is not None:
             rows = self.train.micro_batch_size * self.sampling.n
             _imply(

@@ -132,3 +132,17 @@ def test_cli_usage_and_config_errors(capsys):
     assert cli_main(["frobnicate"]) == 2 and "unknown command 'frobnicate'" in capsys.readouterr().err
     assert cli_main(["run", str(BIRD), "train.stpes=1"]) == 2
     assert "train.stpes" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_model_dtype_auto_is_bf16_only_where_the_machine_computes_it(monkeypatch, native: bool):
+    """The CPU demos say `model.dtype: auto`: bfloat16 where oneDNN (or CUDA) computes it, float32 on a CPU that
+    would emulate it. The check is torch's own (oneDNN's bf16 support), asked at client_config time."""
+    import torch
+
+    monkeypatch.setattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: native)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    cfg = parse_run_config(minimal(model={"name_or_path": "org/model", "dtype": "auto"})).client_config()
+    assert cfg.training_config.dtype == ("bfloat16" if native else "float32")
+    for demo in ("text2sql", "longqa"):
+        assert load_run_config(ROOT / f"recipes/{demo}/configs/cpu_demo.yaml").model.dtype == "auto"
