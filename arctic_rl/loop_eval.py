@@ -23,6 +23,7 @@ class EvalResult:
     reward_mean: float
     num_examples: int
     seconds: float
+    completions: list[str]  # what the reward scored: the example's assistant_prefix + the generated text
 
 
 def evaluate(client: ArcticRLClient, recipe, examples: list[dict], tokenizer, cfg: RunConfig) -> EvalResult:
@@ -35,11 +36,14 @@ def evaluate(client: ArcticRLClient, recipe, examples: list[dict], tokenizer, cf
         "stop": list(cfg.sampling.stop),
     }
     samples = client.generate([prompt_ids(tokenizer, ex) for ex in examples], params)
-    rewards = score_all(
-        recipe.reward, [ex.get("assistant_prefix", "") + s["text"] for s, ex in zip(samples, examples)], examples
-    )
+    completions = [ex.get("assistant_prefix", "") + s["text"] for s, ex in zip(samples, examples)]
+    rewards = score_all(recipe.reward, completions, examples)
     return EvalResult(
-        float(np.mean([r >= 1.0 for r in rewards])), float(np.mean(rewards)), len(examples), time.perf_counter() - t0
+        float(np.mean([r >= 1.0 for r in rewards])),
+        float(np.mean(rewards)),
+        len(examples),
+        time.perf_counter() - t0,
+        completions,
     )
 
 
