@@ -72,11 +72,10 @@ def make_tiny_model(
         num_attention_heads=heads,
         num_key_value_heads=kv_heads,
         head_dim=hidden // heads,
-        tie_word_embeddings=False,
         eos_token_id=tok.eos_token_id,
         pad_token_id=tok.pad_token_id,
         bos_token_id=None,
-        **{"max_position_embeddings": 2048, **extra},
+        **{"max_position_embeddings": 2048, "tie_word_embeddings": False, **extra},
     )
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(cfg).to(dtype)

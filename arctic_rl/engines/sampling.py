@@ -160,7 +160,7 @@ class SamplingWorker:
     def update_weights(self, state: dict[str, torch.Tensor]) -> float:
         """Loads the trainer's full state dict; returns seconds taken."""
         t0 = time.time()
-        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(state.items())})
+        self.llm.collective_rpc(_reload_all, kwargs={"weights": list(state.items())})
         self.llm.reset_prefix_cache()  # cached KV was computed with the old weights
         return time.time() - t0
 
@@ -287,6 +287,40 @@ def _reload_bucket(worker, weights: list[tuple[str, torch.Tensor]]) -> None:
             lg.setLevel(logging.ERROR)
             undo.callback(lg.setLevel, level)
         worker.reload_weights(weights_iterator=iter(weights))
+    _refresh_kept_kernels(worker, {name for name, _ in weights})
+
+
+def _reload_all(worker, weights: list[tuple[str, torch.Tensor]]) -> None:
+    """Runs in each vLLM worker: loads the whole model's weights."""
+    worker.reload_weights(weights_iterator=iter(weights))
+    _refresh_kept_kernels(worker, None)
+
+
+def _kernels_beside_weights(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]:
+    """Modules to which vLLM-CPU gave a GEMM kernel holding its own packed copy of the weight while keeping the
+    weight too (dispatch_cpu_unquantized_gemm(remove_weight=False): the vocabulary embedding, whose table an LM
+    head computes logits with, tied or not)."""
+    return [
+        (name, module)
+        for name, module in model.named_modules()
+        if hasattr(module, "cpu_linear")
+        and isinstance(getattr(module, "weight", None), torch.Tensor)
+        and cast(Any, module).weight.numel() > 0
+    ]
+
+
+def _refresh_kept_kernels(worker, loaded: set[str] | None) -> None:
+    """Re-packs the GEMM kernel of every module whose kept weight was just loaded (`loaded`: the bucket's
+    parameter names; None: all), through the module's own process_weights_after_loading. vLLM's reload
+    re-processes the modules it loaded into, but a tied LM head is not one of them (its weight is the
+    embedding's, loaded under the embedding's name): its kernel kept the old packed table, so the sampler
+    computed logits with the previous step's LM head while the parameter, and so the exact check, held the new."""
+    model = worker.model_runner.model
+    params = dict(model.named_parameters())
+    storages = {params[n].untyped_storage().data_ptr() for n in (params if loaded is None else loaded) if n in params}
+    for _, module in _kernels_beside_weights(model):
+        if cast(Any, module).weight.untyped_storage().data_ptr() in storages:
+            cast(Any, module).quant_method.process_weights_after_loading(module)
 
 
 def _pieces(name: str) -> list[str]:
@@ -309,6 +343,7 @@ def _check_worker_weights(worker, state: dict[str, torch.Tensor], partial: bool 
     model = worker.model_runner.model
     modules = dict(model.named_modules())
     checked = unchecked = 0
+    compared: set[int] = set()  # storages of the parameters found equal to the trainer's
     for name, param in model.named_parameters():
         if partial and not all(p in state for p in _pieces(name)):
             continue
@@ -321,6 +356,22 @@ def _check_worker_weights(worker, state: dict[str, torch.Tensor], partial: bool 
         if not torch.equal(held, expected):
             diff = float((held.double() - expected.double()).abs().max())
             return {"checked": checked, "unchecked": unchecked, "stale": (name, diff)}
+        compared.add(param.untyped_storage().data_ptr())
+    # A kernel with its own packed copy beside a kept weight (the embedding's table, a tied LM head's) must compute
+    # with that weight: read back through the kernel, it must equal the parameter just found equal to the trainer's.
+    for name, module in _kernels_beside_weights(model):
+        weight: torch.Tensor = cast(Any, module).weight.detach().cpu()
+        if weight.untyped_storage().data_ptr() not in compared:
+            continue
+        via = _repacked_weight(module, weight.dtype)
+        checked += 1
+        if via is None or not torch.equal(via, weight):
+            diff = float("nan") if via is None else float((via.double() - weight.double()).abs().max())
+            return {
+                "checked": checked,
+                "unchecked": unchecked,
+                "stale": (f"{name}.weight (its GEMM kernel's copy)", diff),
+            }
     return {"checked": checked, "unchecked": unchecked, "stale": None}
 
 
@@ -340,8 +391,14 @@ def _repacked_weight(module: torch.nn.Module, dtype: torch.dtype, rows: int = 25
     """The [out, in] weight behind a repacked linear layer, exactly: its own kernel applied to rows of the
     identity gives W^T, each output one weight times 1.0 plus exact zeros, with no rounding in any dtype.
     Read `rows` input features at a time, so the transient is rows x (in + out) beside the result."""
-    k = getattr(module, "input_size_per_partition", getattr(module, "input_size", None))
-    n = getattr(module, "output_size_per_partition", getattr(module, "output_size", None))
+    weight: torch.Tensor = cast(Any, module).weight
+    k: int | None
+    n: int | None
+    if weight.numel() > 0:  # a kept weight ([out, in]: an embedding's table, as the LM head uses it)
+        n, k = weight.shape
+    else:
+        k = getattr(module, "input_size_per_partition", getattr(module, "input_size", None))
+        n = getattr(module, "output_size_per_partition", getattr(module, "output_size", None))
     if k is None or n is None:
         return None
     out = torch.empty(n, k, dtype=dtype)

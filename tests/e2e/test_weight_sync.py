@@ -3,7 +3,8 @@ every tensor the sampler holds exactly, so a sampler that missed one optimizer s
 named, and a float32 trainer with the default sampler dtype syncs cleanly even when the checkpoint is bfloat16;
 a float32 trainer with a bfloat16 sampler (fp32 master weights, bf16 rollouts) syncs, its check comparing the
 trainer's weights as bfloat16 represents them, and a missed step is still named; the sampler's log-probs are those
-of the tempered distribution it sampled from, as the trainer's are."""
+of the tempered distribution it sampled from, as the trainer's are; a tied LM head (the embedding's table) reaches
+the packed copy vLLM-CPU's GEMM kernel computes the logits with, and a kernel left stale is named."""
 
 from __future__ import annotations
 
@@ -107,4 +108,58 @@ def test_float32_training_with_a_bfloat16_sampler_syncs_and_a_missed_step_is_nam
         _check_weights(c)
     assert isinstance(info.value.cause, WeightSyncError)
     assert "first stale tensor model." in str(info.value.cause) and "bfloat16" in str(info.value.cause), info.value
+    c.sync_weights()
+
+
+@pytest.fixture(scope="module")
+def tied_client(ray_cluster, tmp_path_factory):
+    # Tied embeddings, as the demo model (SmolLM2) and Qwen's small models have them.
+    model = make_tiny_model(tmp_path_factory.mktemp("models") / "tiny-tied", "llama", tie_word_embeddings=True)
+    c = create_arctic_rl_client(
+        ArcticRLClientConfig(
+            model_name=str(model),
+            use_reference=False,
+            training_config={"dtype": "float32", "optimizer": {"lr": 1e-3}, "micro_batch_size": 4},
+            vllm_config={"max_seq_len": 256, "dtype": "float32"},
+        )
+    )
+    yield c
+    c.shutdown()
+
+
+def _skip_kernel_refresh(skip: bool):
+    """In the sampler's process: a sync that loads as vLLM's reload alone does (no re-pack of kept kernels)."""
+
+    def patch(controller, skip):
+        def in_sampler(actor, skip):
+            from arctic_rl.engines import sampling
+
+            if not hasattr(sampling, "_refresh_for_real"):
+                sampling._refresh_for_real = sampling._refresh_kept_kernels
+            sampling._refresh_kept_kernels = (lambda *a: None) if skip else sampling._refresh_for_real
+
+        return ray.get(controller.samplers[0].__ray_call__.remote(in_sampler, skip))
+
+    return patch, skip
+
+
+def test_a_tied_lm_head_computes_the_synced_weights_and_a_stale_kernel_is_named(tied_client):
+    c = tied_client
+    _train_one_step(c, seed=0)
+    c.sync_weights()  # before the fix: the LM head's kernel kept the initial table, the parameter the new one
+    samples = c.generate(["the quick brown fox", "how many albums"], {"n": N, "max_tokens": 12, "seed": 3})
+    batch = from_samples(samples, [i // N for i in range(len(samples))])
+    mask = batch["response_mask"].bool()
+    assert (c.log_probs(batch)["log_probs"] - batch["rollout_log_probs"])[mask].abs().max() < 1e-4
+    # Loaded as vLLM's reload alone loads it, after another step: the parameter is right, the kernel is not.
+    handle = c._t.handle
+    ray.get(handle.__ray_call__.remote(*_skip_kernel_refresh(True)))
+    try:
+        _train_one_step(c, seed=1)
+        with pytest.raises(ray.exceptions.RayTaskError) as info:
+            ray.get(handle.sync_weights.remote())
+        assert isinstance(info.value.cause, WeightSyncError)
+        assert "lm_head.weight (its GEMM kernel's copy)" in str(info.value.cause), str(info.value.cause)
+    finally:
+        ray.get(handle.__ray_call__.remote(*_skip_kernel_refresh(False)))
     c.sync_weights()
