@@ -10,7 +10,7 @@ laid over the nodes in order, as Ray's PACK strategy fills them. Memory is an es
 phase, in GiB:
   trainer    ZeRO stage s over N ranks, DeepSpeed mixed precision: bf16 params (2 B/param), bf16 grads (2),
              fp32 master + Adam m and v (12); stage 1 partitions the 12, stage 2 also the grads, stage 3 all
-             (fp32 training: 4 + 4 + 8). With LoRA only the adapters train: the frozen base weights whole on
+             (fp32 training: 4 + 4 + 12, ZeRO's fp32 master partition is kept then too; 8 without ZeRO). With LoRA only the adapters train: the frozen base weights whole on
              every rank in the compute dtype, plus the adapters' params, grads and optimizer state (sharded
              as above). Plus DeepSpeed's default buckets (ZeRO-3: up to 1e9 live gathered
              params and a 5e8-element reduce bucket; ZeRO-1/2: 5e8-element reduce and all-gather buckets).
@@ -23,7 +23,8 @@ phase, in GiB:
   reference  a frozen copy, deployed only when the loss has a KL term: ZeRO-3 over its workers (one per trainer
              rank when it shares the trainer's devices), else the whole bf16 model on its one device.
   sampler    vLLM takes gpu_memory_utilization x the GPU's memory (weights / TP, then KV cache in the rest).
-  context    about 0.5 GiB of CUDA context per process on the device.
+  context    about 0.5 GiB of CUDA context per process on the device; on a CPU device, the runtime the
+             engine's process loads instead (CPU_RUNTIME) and AdamW's unfused step's temporary.
 The GPU's memory is --gpu-memory-gib (default 80, DEFAULT_GPU_MEMORY_GIB); the same per-engine model on a
 CPU device (Device.cpu(), the machine's RAM: engine_memory / engine_peak) has no CUDA context, vLLM-CPU's
 fixed KV cache, and the fp32 load as a start-up peak (tests/gpu/test_gpu_plan.py checks the GPU model
@@ -50,6 +51,10 @@ from arctic_rl.server import placement
 GiB = 1024**3
 DEFAULT_GPU_MEMORY_GIB = 80.0  # `--gpu-memory-gib` of `arctic-rl plan` and the launchers, unless given
 CUDA_CONTEXT = 0.5 * GiB
+# A CPU engine's counterpart: what its process adds after its baseline mark besides its tensors (the model's and
+# DeepSpeed's modules imported, oneDNN's kernels and buffers at the first GEMM); measured with a model of
+# negligible size (tests/e2e/test_plan_memory.py).
+CPU_RUNTIME = 0.25 * GiB
 VLLM_OVERHEAD = 2 * GiB  # vLLM's profiled activations and non-torch memory inside its budget (enforce_eager)
 ZERO3_LIVE_PARAMS = 1e9  # DeepSpeed's stage3_max_live_parameters default
 FP32_LOAD = 4  # bytes/param: trainer and reference workers load the model in fp32 (then cast, partition)
@@ -341,7 +346,10 @@ def trainer_bytes(
     device = device or Device.gpu()
     tc = client.training_config
     n, stage = client.training_gpus, tc.zero_stage
-    p, g, o = (2, 2, 12) if tc.dtype == "bfloat16" else (4, 4, 8)
+    # ZeRO's optimizers keep an fp32 master partition beside the module's parameters in either dtype (in an fp32
+    # run too: 12 B/param of optimizer state, not Adam's 8); without ZeRO the optimizer steps the module's own.
+    p, g = (2, 2) if tc.dtype == "bfloat16" else (4, 4)
+    o = 12 if stage > 0 or tc.dtype == "bfloat16" else 8
     shard = {0: (1, 1, 1), 1: (1, 1, n), 2: (1, n, n), 3: (n, n, n)}[stage]
     trained = lora_params(m, tc.lora) if tc.lora is not None else m.params
     out: dict[str, float] = {"frozen base": p * m.params} if tc.lora is not None else {}
@@ -355,6 +363,11 @@ def trainer_bytes(
     )
     if device.kind == "cuda":
         out["context"] = CUDA_CONTEXT
+    else:
+        # torch's AdamW is fused on CUDA; on CPU its multi-tensor step makes one fp32 temporary of the partition
+        # (the square root of v), and the engine's libraries load after its baseline mark
+        out["optimizer step"] = 4 * trained / shard[2]
+        out["runtime"] = CPU_RUNTIME
     return out
 
 
@@ -382,8 +395,7 @@ def reference_bytes(m: ModelShape, client: ArcticRLClientConfig, device: Device 
         out = {"params": p * m.params / workers, "zero buffers": p * min(ZERO3_LIVE_PARAMS, m.params) * (workers > 1)}
     else:
         out = {"params": p * m.params}
-    if device.kind == "cuda":
-        out["context"] = CUDA_CONTEXT
+    out |= {"context": CUDA_CONTEXT} if device.kind == "cuda" else {"runtime": CPU_RUNTIME}
     return out
 
 
@@ -400,7 +412,7 @@ def sampler_bytes(m: ModelShape, client: ArcticRLClientConfig, device: Device) -
         out = {"weights": weights, "kv cache": kv, "overhead": VLLM_OVERHEAD, "context": CUDA_CONTEXT}
     else:
         kv = max(1, int(vc.cpu_kvcache_space_gb)) * GiB
-        out = {"weights": weights, "kv cache": kv}
+        out = {"weights": weights, "kv cache": kv, "runtime": CPU_RUNTIME}
     kv_heads = max(m.kv_dim // m.head_dim // tp, 1)  # fewer KV heads than workers: vLLM replicates them
     per_token = 2 * m.layers * kv_heads * m.head_dim * b  # K and V of every layer, this worker's heads
     return out, int(kv // per_token) if per_token else 0

