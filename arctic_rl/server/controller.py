@@ -101,7 +101,7 @@ class Controller:
         self.vocab = self._get(self.trainers[0].vocab_size.remote(), "training")
         self._tokenizer: Any = None  # loaded at the first string prompt (_count_tokens)
         # The trainer/sampler log-prob gap with equal weights: the noise floor sync checks against.
-        self._probe_baseline = self._probe_diff()
+        self._probe_baseline = self._probe_diff()[1]
 
     # -- plumbing ------------------------------------------------------------------------------------------
     def _get(self, refs, engine: str, timeout: float | None = None):
