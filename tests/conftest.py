@@ -27,8 +27,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 from tiny_models import make_tiny_model  # noqa: E402
 
 RAY = str(Path(sys.executable).parent / "ray")
-# The suite's peak on disk: the 1B weight-sync test's model (4 GB, removed after it), Ray's and vLLM's session
-# files, and the tiny models, checkpoints and stores of the tests running at that time.
+# The suite's peak on disk: Ray's and vLLM's session files, the Slurm jobs' folders, and the models, checkpoints,
+# exports and stores of the tests running at that time.
 FREE_DISK_GIB = 8
 
 
