@@ -10,6 +10,8 @@ ever added to the process. On CUDA the same report also gives torch's own device
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -48,3 +50,42 @@ class MemoryMark:
         if torch.cuda.is_available():
             out["cuda_max_allocated"] = int(torch.cuda.max_memory_allocated())
         return out
+
+
+# glibc's mallopt parameters (malloc.h): M_MMAP_THRESHOLD, and the largest value its dynamic threshold reaches on
+# 64-bit (DEFAULT_MMAP_THRESHOLD_MAX).
+_M_MMAP_THRESHOLD = -3
+_MMAP_THRESHOLD_DURING_SYNC = 1 << 20
+_MMAP_THRESHOLD_AFTER = 32 << 20
+
+
+def _libc():
+    import ctypes
+    import ctypes.util
+
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+    except OSError:
+        return None
+    return libc if hasattr(libc, "mallopt") and hasattr(libc, "malloc_trim") else None  # glibc only
+
+
+@contextlib.contextmanager
+def freed_memory_returned() -> Iterator[None]:
+    """Around a weight sync in an engine process: host allocations of 1 MiB or more get pages of their own from
+    the kernel and give them back when freed, and free heap pages are trimmed after it. glibc's default serves such
+    an allocation from the heap once a chunk of that size has been freed (its mmap threshold follows the largest
+    chunk freed, up to 32 MiB), and a freed heap chunk stays resident: a sync's bucket-sized transients stayed in
+    the sampler after the sync, a little more at every sync, and its first sync peaked over half the model
+    (tests/e2e/test_weight_sync_memory.py). Outside a sync the threshold is left at that 32 MiB, where the default
+    settles in a torch process anyway, so a step's allocations keep reusing the heap. A no-op without glibc."""
+    libc = _libc()
+    if libc is None:
+        yield
+        return
+    libc.mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD_DURING_SYNC)
+    try:
+        yield
+    finally:
+        libc.mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD_AFTER)
+        libc.malloc_trim(0)

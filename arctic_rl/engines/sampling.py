@@ -17,7 +17,7 @@ from typing import Any, cast
 import torch
 
 from arctic_rl.config import ArcticRLClientConfig, sampler_dtype
-from arctic_rl.engines.memory import MemoryMark
+from arctic_rl.engines.memory import MemoryMark, freed_memory_returned
 from arctic_rl.engines.model import accelerator
 from arctic_rl.engines.startup import reports_start_failure
 from arctic_rl.engines.weight_buckets import FUSED, Entry, unpack
@@ -160,7 +160,8 @@ class SamplingWorker:
     def update_weights(self, state: dict[str, torch.Tensor]) -> float:
         """Loads the trainer's full state dict; returns seconds taken."""
         t0 = time.time()
-        self.llm.collective_rpc(_reload_all, kwargs={"weights": list(state.items())})
+        with freed_memory_returned():
+            self.llm.collective_rpc(_reload_all, kwargs={"weights": list(state.items())})
         self.llm.reset_prefix_cache()  # cached KV was computed with the old weights
         return time.time() - t0
 
@@ -169,13 +170,15 @@ class SamplingWorker:
         parameter it fully covers with it, exactly (`check`). {"checked", "unchecked", "stale", "load_s"}
         over all TP ranks; stale: None or (name, max abs difference)."""
         t0 = time.time()
-        weights = unpack(buffer, dtype, entries)
-        if load:
-            self.llm.collective_rpc(_reload_bucket, kwargs={"weights": weights})
-        load_s = time.time() - t0
-        parts = []
-        if check:
-            parts = self.llm.collective_rpc(_check_worker_weights, kwargs={"state": dict(weights), "partial": True})
+        with freed_memory_returned():
+            weights = unpack(buffer, dtype, entries)
+            if load:
+                self.llm.collective_rpc(_reload_bucket, kwargs={"weights": weights})
+            load_s = time.time() - t0
+            parts = []
+            if check:
+                parts = self.llm.collective_rpc(_check_worker_weights, kwargs={"state": dict(weights), "partial": True})
+            del weights
         return {**_merge_checks(parts), "load_s": load_s}
 
     def reset_prefix_cache(self) -> None:

@@ -29,7 +29,7 @@ from arctic_rl.config import ArcticRLClientConfig, sampler_dtype
 from arctic_rl.engines.build_lock import await_build_lock
 from arctic_rl.engines.forward import response_log_probs
 from arctic_rl.engines.lora import apply_lora, policy_weights, trainable_parameters
-from arctic_rl.engines.memory import MemoryMark
+from arctic_rl.engines.memory import MemoryMark, freed_memory_returned
 from arctic_rl.engines.model import accelerator, load_hf_model
 from arctic_rl.engines.offload import EngineSleeper, sleep_info, state_digest
 from arctic_rl.engines.safe_load import load_tensors_only
@@ -380,7 +380,7 @@ class TrainingWorker:
 
     def _gathered_buckets(self, itemsize: int) -> Iterator[list[tuple[str, torch.Tensor]]]:
         """The policy's weights (merged, under the base model's names, with LoRA: engines.lora.policy_weights) in
-        buckets of at most vllm_config.sync_bucket_mb and 1/16 of the model (weight_buckets.bucket_bytes; counted at
+        buckets of at most vllm_config.sync_bucket_mb and 1/32 of the model (weight_buckets.bucket_bytes; counted at
         `itemsize` bytes per element), each gathered while it is being read. Under ZeRO-3 every rank must iterate to the end: the gathers are collectives."""
         import deepspeed
 
@@ -424,6 +424,10 @@ class TrainingWorker:
         return self._stream(dtype, send, "reference")
 
     def _stream(self, dtype: torch.dtype, send: Callable[[Any, list[Entry]], list], engine: str) -> dict | None:
+        with freed_memory_returned():
+            return self._stream_buckets(dtype, send, engine)
+
+    def _stream_buckets(self, dtype: torch.dtype, send: Callable[[Any, list[Entry]], list], engine: str) -> dict | None:
         import ray
 
         if self.rank != 0 and not self._zero3():
