@@ -86,16 +86,21 @@ def bf16_sampler_client(ray_cluster, tmp_path_factory):
     # A float32 checkpoint (the trainer's dtype); init range 0.1: logits large enough that bfloat16's rounding
     # of the sampler's activations shows in its log-probs, as it does in a real model.
     model = make_tiny_model(tmp_path_factory.mktemp("models") / "tiny-fp32", "llama", initializer_range=0.1)
-    c = create_arctic_rl_client(
+    c = _fp32_trainer(model, lr=1e-5, sampler_dtype="bfloat16")
+    yield c
+    c.shutdown()
+
+
+def _fp32_trainer(model, lr: float, sampler_dtype: str):
+    """A float32 trainer (no reference) and a sampler in `sampler_dtype`."""
+    return create_arctic_rl_client(
         ArcticRLClientConfig(
             model_name=str(model),
             use_reference=False,
-            training_config={"dtype": "float32", "optimizer": {"lr": 1e-5}, "micro_batch_size": 4},
-            vllm_config={"max_seq_len": 256, "dtype": "bfloat16"},
+            training_config={"dtype": "float32", "optimizer": {"lr": lr}, "micro_batch_size": 4},
+            vllm_config={"max_seq_len": 256, "dtype": sampler_dtype},
         )
     )
-    yield c
-    c.shutdown()
 
 
 def test_float32_training_with_a_bfloat16_sampler_syncs_and_a_missed_step_is_named(bf16_sampler_client):
@@ -115,14 +120,7 @@ def test_float32_training_with_a_bfloat16_sampler_syncs_and_a_missed_step_is_nam
 def tied_client(ray_cluster, tmp_path_factory):
     # Tied embeddings, as the demo model (SmolLM2) and Qwen's small models have them.
     model = make_tiny_model(tmp_path_factory.mktemp("models") / "tiny-tied", "llama", tie_word_embeddings=True)
-    c = create_arctic_rl_client(
-        ArcticRLClientConfig(
-            model_name=str(model),
-            use_reference=False,
-            training_config={"dtype": "float32", "optimizer": {"lr": 1e-3}, "micro_batch_size": 4},
-            vllm_config={"max_seq_len": 256, "dtype": "float32"},
-        )
-    )
+    c = _fp32_trainer(model, lr=1e-3, sampler_dtype="float32")
     yield c
     c.shutdown()
 
