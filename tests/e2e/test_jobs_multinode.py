@@ -6,8 +6,9 @@ scripts/slurm_cluster.sh (a network + UTS namespace per node, each with its own 
   (USR2, submitit's handler requeues it); the requeued attempt says it resumed from step K, runs no step up to
   K again, and its steps equal those of an uninterrupted run of the same config and seed;
 - the TorchX command: that uninterrupted run, to the end;
-- a compute node of a text2sql job lost mid-run (its link cut; or slurmd, the job's task, Ray and the engines
-  killed): Slurm ends the attempt within a stated bound and requeues it, and it resumes from the last checkpoint;
+- a compute node of a text2sql job lost mid-run, twice (its link cut; then, after the resume, slurmd, the job's
+  task, Ray and the engines killed): Slurm ends each attempt within a stated bound and requeues it, and it resumes
+  from the last checkpoint each time;
 - verl's and SkyRL's own trainers on two nodes, with arctic-rl's engines on both hosts.
 
 The commands are the ones in docs/jobs.md's ```bash blocks, as written; the tests add only size overrides
@@ -340,20 +341,10 @@ def latest_step(job_dir: Path) -> int:
     return max(done, default=0)
 
 
-@pytest.mark.parametrize("how", ["link", "processes"])
-def test_node_loss_requeues_and_resumes(cluster, store: MlflowClient, size: list[str], how: str) -> None:
-    """A two-node text2sql job (a trainer rank and a sampler replica on each node) loses its second node
-    mid-run, the two ways nodes die: its link cut (`ip link set arctic-v2 down`), or its processes (slurmd,
-    the job's task, Ray and the engines) killed. Within NODE_LOSS_BOUND_S Slurm ends the attempt NODE_FAIL and
-    requeues it (JobRequeue=1); once the node is back the job resumes from the last checkpoint and completes."""
-    victim = NODES[1]
-    job_id, job_dir, _ = submit([*doc_command("python -m jobs.slurm submit"), *size])
-    out = lambda: "".join(p.read_text(errors="replace") for p in (job_dir / "submitit").glob("*_0_log.*"))  # noqa: E731
-    deadline = time.monotonic() + JOB_TIMEOUT_S
-    while latest_step(job_dir) < 1:
-        assert slurm_state(job_id) in ("UNKNOWN", "PENDING", "RUNNING"), out()[-3000:]
-        assert time.monotonic() < deadline, f"no checkpoint of step 1: {out()[-3000:]}"
-        time.sleep(0.2)
+def lose_node(job_id: str, job_dir: Path, victim: str, how: str, out) -> int:
+    """Kills `victim` the way `how` says (its link cut, or its processes killed); Slurm must end the attempt within
+    NODE_LOSS_BOUND_S and requeue it. The node comes back and the requeued job is released; returns the last step
+    checkpointed before the loss (the one the next attempt must resume from)."""
     try:
         if how == "link":
             subprocess.run(["ip", "link", "set", veth(victim), "down"], check=True)
@@ -364,20 +355,47 @@ def test_node_loss_requeues_and_resumes(cluster, store: MlflowClient, size: list
         elapsed = time.monotonic() - t0
         last = latest_step(job_dir)
         print(f"node loss ({how}): job {job_id} {state} {elapsed:.0f} s after {victim} died; last checkpoint {last}")
-        assert state.split()[0] in NODE_LOSS_EXPECTED, (state, out()[-3000:])
+        assert state.split()[0] in NODE_LOSS_EXPECTED, (how, state, out()[-3000:])
         assert victim in slurm.failed_nodes(job_id) or state.split()[0] != "NODE_FAIL"
     finally:
         restore_node(victim)
     # Requeued: pending until the node is back (now), then held ~2 min by Slurm; release it.
     if wait_state(job_id, {"PENDING", "RUNNING", "COMPLETED"}, 60) == "PENDING":
         subprocess.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"], check=True)
+    return last
+
+
+def test_node_loss_requeues_and_resumes(cluster, store: MlflowClient, size: list[str]) -> None:
+    """A two-node text2sql job (a trainer rank and a sampler replica on each node) loses its second node twice,
+    the two ways nodes die: its link cut (`ip link set arctic-v2 down`) in the first attempt, and once the requeued
+    attempt has checkpointed a step past its resume, its processes (slurmd, the job's task, Ray and the engines)
+    killed. Each time, within NODE_LOSS_BOUND_S, Slurm ends the attempt NODE_FAIL and requeues it (JobRequeue=1);
+    once the node is back the job resumes from the last checkpoint, and in the end it completes. One job for both
+    losses: each two-node attempt costs a Ray cluster and a deployment (CI time)."""
+    victim = NODES[1]
+    job_id, job_dir, _ = submit([*doc_command("python -m jobs.slurm submit"), *size, f"train.steps={PREEMPT_STEPS}"])
+    out = lambda: "".join(p.read_text(errors="replace") for p in (job_dir / "submitit").glob("*_0_log.*"))  # noqa: E731
+
+    def wait_for_checkpoint_past(step: int) -> None:
+        deadline = time.monotonic() + JOB_TIMEOUT_S
+        while latest_step(job_dir) <= step:
+            assert slurm_state(job_id) in ("UNKNOWN", "PENDING", "RUNNING"), out()[-3000:]
+            assert time.monotonic() < deadline, f"no checkpoint past step {step}: {out()[-3000:]}"
+            time.sleep(0.2)
+
+    wait_for_checkpoint_past(0)
+    first = lose_node(job_id, job_dir, victim, "link", out)
+    wait_for_checkpoint_past(first)  # the requeued attempt runs again, on both nodes
+    second = lose_node(job_id, job_dir, victim, "processes", out)
     state = wait_state(job_id, {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL"}, JOB_TIMEOUT_S)
     stdout = "".join(p.read_text(errors="replace") for p in (job_dir / "submitit").glob("*_0_log.out"))
     assert state == "COMPLETED", stdout[-4000:]
-    assert resumed_from(stdout, job_dir) == last, stdout[-4000:]
+    resumed = [(int(k), Path(path)) for k, path in RESUMED.findall(stdout)]
+    assert resumed == [(k, job_dir / "checkpoints" / f"step_{k}") for k in (first, second)], (resumed, first, second)
+    assert second > first >= 1
     run = the_run(store, "text2sql", job_id)
     assert_spans_both_hosts(run)  # the victim held trainer rank 1 and a sampler replica
-    assert run.info.status == "FINISHED" and steps_of(store, run.info.run_id) == [1, 2, 3]
+    assert run.info.status == "FINISHED" and steps_of(store, run.info.run_id) == list(range(1, PREEMPT_STEPS + 1))
 
 
 @pytest.mark.parametrize("framework", ["verl", "skyrl"])
