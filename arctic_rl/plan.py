@@ -10,10 +10,11 @@ laid over the nodes in order, as Ray's PACK strategy fills them. Memory is an es
 phase, in GiB:
   trainer    ZeRO stage s over N ranks, DeepSpeed mixed precision: bf16 params (2 B/param), bf16 grads (2),
              fp32 master + Adam m and v (12); stage 1 partitions the 12, stage 2 also the grads, stage 3 all
-             (fp32 training: 4 + 4 + 12, ZeRO's fp32 master partition is kept then too; 8 without ZeRO). With LoRA only the adapters train: the frozen base weights whole on
-             every rank in the compute dtype, plus the adapters' params, grads and optimizer state (sharded
-             as above). Plus DeepSpeed's default buckets (ZeRO-3: up to 1e9 live gathered
-             params and a 5e8-element reduce bucket; ZeRO-1/2: 5e8-element reduce and all-gather buckets).
+             (fp32 training: 4 + 4 + 12, ZeRO's fp32 master partition is kept then too; 8 without ZeRO).
+             With LoRA only the adapters train: the frozen base weights whole on every rank in the compute
+             dtype, plus the adapters' params, grads and optimizer state (sharded as above). Plus DeepSpeed's
+             default buckets (ZeRO-3: up to 1e9 live gathered params and a 5e8-element reduce bucket; ZeRO-1/2:
+             5e8-element reduce and all-gather buckets).
   activations  one micro-batch (training_config.micro_batch_size rows at the longest prompt and response; a
              ZoRRo micro-batch holds each prompt once): with gradient checkpointing each layer's input
              (layers x tokens x hidden; none with offload_activations, which holds them on the host) plus one

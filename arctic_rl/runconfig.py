@@ -13,8 +13,9 @@ Overrides are `dotted.key=value`; the value is parsed as a YAML scalar (`train.s
 `sampling.stop=[]` a list, `resume=never` a string).
 
 Mapping to the backend, never silently: `model.dtype` becomes training_config.dtype unless the backend
-section sets it (`auto`: bfloat16 where the machine computes it natively, else float32: config.native_dtype); `train.micro_batch_size` (prompt groups per forward pass) becomes
-training_config.micro_batch_size = groups x sampling.n rows; a conflicting explicit value is an error.
+section sets it (`auto`: bfloat16 where the machine computes it natively, else float32: config.native_dtype);
+`train.micro_batch_size` (prompt groups per forward pass) becomes training_config.micro_batch_size = groups x
+sampling.n rows; a conflicting explicit value is an error.
 """
 
 from __future__ import annotations

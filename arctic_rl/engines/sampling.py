@@ -161,7 +161,7 @@ class SamplingWorker:
         """Loads the trainer's full state dict; returns seconds taken."""
         t0 = time.time()
         with freed_memory_returned():
-            self.llm.collective_rpc(_reload_all, kwargs={"weights": list(state.items())})
+            self.llm.collective_rpc(_reload_bucket, kwargs={"weights": list(state.items())})
         self.llm.reset_prefix_cache()  # cached KV was computed with the old weights
         return time.time() - t0
 
@@ -282,7 +282,8 @@ _PARTIAL_RELOAD_LOGGERS = (
 
 
 def _reload_bucket(worker, weights: list[tuple[str, torch.Tensor]]) -> None:
-    """Runs in each vLLM worker: loads one bucket (whole vLLM modules) in place; the rest keep their tensors."""
+    """Runs in each vLLM worker: loads one bucket (whole vLLM modules; or the whole model) in place; the rest keep
+    their tensors."""
     loggers = [logging.getLogger(n) for n in _PARTIAL_RELOAD_LOGGERS]
     levels = [lg.level for lg in loggers]
     with contextlib.ExitStack() as undo:
@@ -291,12 +292,6 @@ def _reload_bucket(worker, weights: list[tuple[str, torch.Tensor]]) -> None:
             undo.callback(lg.setLevel, level)
         worker.reload_weights(weights_iterator=iter(weights))
     _refresh_kept_kernels(worker, {name for name, _ in weights})
-
-
-def _reload_all(worker, weights: list[tuple[str, torch.Tensor]]) -> None:
-    """Runs in each vLLM worker: loads the whole model's weights."""
-    worker.reload_weights(weights_iterator=iter(weights))
-    _refresh_kept_kernels(worker, None)
 
 
 def _kernels_beside_weights(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]:
@@ -312,15 +307,15 @@ def _kernels_beside_weights(model: torch.nn.Module) -> list[tuple[str, torch.nn.
     ]
 
 
-def _refresh_kept_kernels(worker, loaded: set[str] | None) -> None:
-    """Re-packs the GEMM kernel of every module whose kept weight was just loaded (`loaded`: the bucket's
-    parameter names; None: all), through the module's own process_weights_after_loading. vLLM's reload
+def _refresh_kept_kernels(worker, loaded: set[str]) -> None:
+    """Re-packs the GEMM kernel of every module whose kept weight was just loaded (`loaded`: the parameter names
+    of the bucket, or of the whole model), through the module's own process_weights_after_loading. vLLM's reload
     re-processes the modules it loaded into, but a tied LM head is not one of them (its weight is the
     embedding's, loaded under the embedding's name): its kernel kept the old packed table, so the sampler
     computed logits with the previous step's LM head while the parameter, and so the exact check, held the new."""
     model = worker.model_runner.model
     params = dict(model.named_parameters())
-    storages = {params[n].untyped_storage().data_ptr() for n in (params if loaded is None else loaded) if n in params}
+    storages = {params[n].untyped_storage().data_ptr() for n in loaded if n in params}
     for _, module in _kernels_beside_weights(model):
         if cast(Any, module).weight.untyped_storage().data_ptr() in storages:
             cast(Any, module).quant_method.process_weights_after_loading(module)
@@ -363,7 +358,7 @@ def _check_worker_weights(worker, state: dict[str, torch.Tensor], partial: bool 
     # A kernel with its own packed copy beside a kept weight (the embedding's table, a tied LM head's) must compute
     # with that weight: read back through the kernel, it must equal the parameter just found equal to the trainer's.
     for name, module in _kernels_beside_weights(model):
-        weight: torch.Tensor = cast(Any, module).weight.detach().cpu()
+        weight: torch.Tensor = cast(Any, module).weight.detach()
         if weight.untyped_storage().data_ptr() not in compared:
             continue
         via = _repacked_weight(module, weight.dtype)
