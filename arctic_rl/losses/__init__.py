@@ -6,6 +6,9 @@ A loss is `fn(outputs, batch, config) -> (loss, metrics)`:
   config:  the user's `loss_config` dict, plus the engine's global normalizers
            (`global_num_tokens`, `global_num_seqs`: counts over the *whole* global batch, across
            micro-batches and workers) so that summing micro-batch losses gives the full-batch loss.
+A loss may also register `global_keys(batch, config) -> dict` (`@register_global_keys("name")`): loss_config
+keys computed over the whole mini-batch, which the engine adds (the caller's own values win) before it splits
+the batch into micro-batches, as it adds `global_num_tokens`; grpo's rollout_is_batch_normalize needs it.
 A post-processor turns a chunk of logits into per-token outputs: `fn(logits_NV, labels_N, config)
 -> {"log_probs": [N], "entropy": [N]?}`; it runs chunk by chunk so [tokens, vocab] logits are
 never held for the whole batch.
@@ -26,6 +29,7 @@ from arctic_rl.errors import ConfigError, UnknownNameError
 
 LOSS_FNS: dict[str, Callable] = {}
 POST_PROCESSORS: dict[str, Callable] = {}
+GLOBAL_KEY_FNS: dict[str, Callable] = {}
 
 
 def register_loss_fn(name: str):
@@ -34,6 +38,22 @@ def register_loss_fn(name: str):
         return fn
 
     return deco
+
+
+def register_global_keys(name: str):
+    def deco(fn):
+        GLOBAL_KEY_FNS[name] = fn
+        return fn
+
+    return deco
+
+
+def global_loss_keys(loss_fn: str, batch: dict, config: dict) -> dict:
+    """The loss_config keys loss `loss_fn` computes over the whole mini-batch `batch` ({} for a loss without a
+    `register_global_keys` function); raises ValueError for a bad config or batch."""
+    _load_builtins()
+    fn = GLOBAL_KEY_FNS.get(loss_fn) if isinstance(loss_fn, str) else None
+    return fn(batch, config) if fn is not None else {}
 
 
 def register_post_processor(name: str):

@@ -27,7 +27,7 @@ from arctic_rl import ops
 from arctic_rl.batch import LOG_PROBS_KEYS, TRAIN_KEYS, Batch, select_rows, split_micro_batches, validate_batch
 from arctic_rl.config import ArcticRLClientConfig, forget_deployment, sampler_dtype
 from arctic_rl.errors import ArcticRLError, ConfigError, EngineDeadError, EngineError, ServerBusyError
-from arctic_rl.losses import load_loss_modules, resolve_loss_fn
+from arctic_rl.losses import global_loss_keys, load_loss_modules, resolve_loss_fn
 from arctic_rl.server import checkpoint_dirs, placement, startup, weight_check
 from arctic_rl.server.placers import make_placer
 from arctic_rl.server.requests import ENGINES, check_request, checkpoint_path, save_target
@@ -221,6 +221,10 @@ class Controller:
         B, P, R = validate_batch(batch, TRAIN_KEYS)
         cfg = dict(loss_config or {})
         mask = batch["response_mask"]
+        try:  # the loss's keys over the whole mini-batch (grpo: rollout_is_batch_mean, counts left by rollout_rs)
+            cfg = {**global_loss_keys(loss_fn, batch, cfg), **cfg}
+        except (ValueError, KeyError, TypeError) as e:
+            raise ConfigError(f"loss {loss_fn!r} rejected the request: {e}") from None
         cfg.setdefault("global_num_tokens", float(mask.sum()))
         cfg.setdefault("global_num_seqs", float((mask.sum(-1) > 0).sum()))
         # The loss's own checks (unknown keys, missing batch keys) run here first, on one row, so a bad
