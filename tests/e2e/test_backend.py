@@ -145,6 +145,40 @@ def test_http_auth_and_garbage(client):
     assert client.health()["ok"]
 
 
+def test_a_retried_forward_backward_is_applied_once(client, monkeypatch):
+    """The answer to a forward_backward is lost after the server ran it (a read error): the client sends it again
+    with the same request id and gets the first run's answer. The next step applies one gradient: its norm equals
+    a single forward_backward's on the same weights (a second run would double it)."""
+    if client.config.comm_protocol != "http":
+        pytest.skip("request ids are the HTTP transport's (Ray's calls are not retried)")
+    from arctic_rl.client.http_transport import REQUEST_ID_HEADER
+
+    _, batch = rollout(client, seed=3)
+    batch["old_log_probs"] = client.log_probs(batch)["log_probs"]
+    batch["advantages"] = torch.tensor([1.0, -1.0] * (len(batch["uid"]) // 2))
+    http, ids = client._t.http, []
+    post = http.post
+
+    def answer_lost_once(url, **kw):
+        ids.append(kw["headers"][REQUEST_ID_HEADER])
+        answer = post(url, **kw)
+        if len(ids) == 1:
+            raise httpx.ReadError("the answer was lost on its way back")
+        return answer
+
+    monkeypatch.setattr(http, "post", answer_lost_once)
+    retried = client.forward_backward(batch, "grpo")
+    monkeypatch.undo()
+    assert len(ids) == 2 and ids[0] == ids[1], ids
+    frozen = {"lr": 0.0}  # AdamW at lr 0 leaves the weights: both norms are of the same weights' gradients
+    norm_after_retry = client.optimizer_step(frozen)["grad_norm"]
+    once = client.forward_backward(batch, "grpo")
+    norm_once = client.optimizer_step(frozen)["grad_norm"]
+    values = lambda metrics: {k: v for k, v in metrics.items() if not k.startswith("timing/")}  # noqa: E731
+    assert values(retried) == pytest.approx(values(once), rel=1e-6)
+    assert norm_after_retry == pytest.approx(norm_once, rel=1e-5)
+
+
 def test_reconnect_from_a_new_driver_process(client):
     """A new driver process re-attaches to the running engines by job id (from the recorded state)."""
     code = (

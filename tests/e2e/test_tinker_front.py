@@ -217,6 +217,31 @@ def test_bad_requests_are_answered_as_the_sdk_expects(front):
     tc = service.create_lora_training_client(base_model=front["model"], rank=8).result()
     with pytest.raises(tinker.UnprocessableEntityError, match="unknown loss_fn 'gspo'"):
         tc.forward_backward(data, "gspo").result()
+    # sizes past the deployment's limits are refused when sent, before anything is queued or allocated
+    long = _datum(list(range(3, 303)), [5, 6], weights=[1.0, 1.0])  # 301 input tokens; max_seq_len is 256
+    with pytest.raises(tinker.UnprocessableEntityError, match=r"data\[0\].model_input has 301 tokens"):
+        tc.forward_backward([long], "cross_entropy").result()
+    sc = tc.save_weights_and_get_sampling_client().result()
+    params = types.SamplingParams(max_tokens=4)
+    with pytest.raises(tinker.UnprocessableEntityError, match=r"sampling_params\['n'\]"):
+        sc.sample(types.ModelInput.from_ints([3, 4, 5]), num_samples=300_000, sampling_params=params).result()
+
+
+def test_a_new_model_never_steps_with_an_earlier_models_gradient(front):
+    """A forward_backward never stepped, then create_model: the new model's steps equal those of a model created
+    with no gradient pending (the load of the initial state clears gradients; DeepSpeed alone keeps them)."""
+    service = front["service"]
+    tc = service.create_lora_training_client(base_model=front["model"], rank=8).result()
+    tok = tc.get_tokenizer()
+    # Another batch than the steps': Adam's first step is lr * sign(gradient), so the same batch's gradient
+    # added twice would move the weights exactly as once.
+    completion = tok.encode(" fox jumps")
+    stale = [_datum(tok.encode("the quick brown"), completion, weights=[1.0] * len(completion))]
+    tc.forward_backward(stale, "cross_entropy").result()
+    data = _sft_data(tok)
+    after_stale = _steps(service.create_lora_training_client(base_model=front["model"], rank=8).result(), data, 2)
+    clean = _steps(service.create_lora_training_client(base_model=front["model"], rank=8).result(), data, 2)
+    assert after_stale == pytest.approx(clean, rel=1e-6)
 
 
 def _cookbook() -> Path:
