@@ -204,11 +204,14 @@ def submit(args: argparse.Namespace) -> submitit.Job:
 
 
 def failed_nodes(job_id: str) -> dict[str, str]:
-    """{node: why} for the job's nodes that Slurm has down, failed or drained (after NODE_FAIL)."""
+    """{node: why} for the nodes of the job's latest attempt that ran somewhere, which Slurm has down, failed or
+    drained (after NODE_FAIL). A requeued job's newest record is its next attempt, pending on no nodes: the
+    attempt that lost a node is the record before it (sacct -D lists every attempt, oldest first)."""
     out = subprocess.run(
-        ["sacct", "-n", "-X", "-P", "-j", str(job_id), "-o", "NodeList"], capture_output=True, text=True
+        ["sacct", "-n", "-X", "-P", "-D", "-j", str(job_id), "-o", "NodeList"], capture_output=True, text=True
     )
-    nodelist = out.stdout.split()[0] if out.returncode == 0 and out.stdout.split() else ""
+    ran = [line.strip() for line in out.stdout.splitlines() if line.strip() and not line.startswith("None")]
+    nodelist = ran[-1] if out.returncode == 0 and ran else ""
     if not nodelist:
         return {}
     info = subprocess.run(["sinfo", "-h", "-N", "-n", nodelist, "-o", "%N|%T|%E"], capture_output=True, text=True)
