@@ -8,7 +8,9 @@ One step (verl's phase names, logged as timing_s/<phase>):
                  template to `messages` + `assistant_prefix`, sample n responses each (seed from (seed, step))
   reward         recipe.reward(assistant_prefix + text, example), in a process pool (arctic_rl.rewards)
   adv            GRPO / Dr.GRPO / RLOO over each prompt's group (arctic_rl.advantages)
-  old_log_prob   the trainer's log-probs of the samples (PPO's pi_old; in async mode the proximal policy)
+  old_log_prob   the trainer's log-probs of the samples (PPO's pi_old; in async mode the proximal policy),
+                 and their mismatch with the sampler's, logged as verl's rollout_corr/ metrics
+                 (arctic_rl.losses.mismatch), sync and async
   ref            the reference model's log-probs, only when the loss has a KL term (else not logged)
   update_actor   ppo_epochs x mini-batches (whole prompt groups, in order): forward_backward + optimizer_step
   update_weights sync_weights: trainer -> sampler
@@ -52,6 +54,7 @@ from arctic_rl.loop_data import fit_window, prompt_ids, step_indices, step_seed
 from arctic_rl.loop_eval import LoopEvals
 from arctic_rl.loop_sft import sft_warmup
 from arctic_rl.loop_state import LoopState, flush_metrics, load_checkpoint, resume_path, save_checkpoint
+from arctic_rl.losses.mismatch import mismatch_metrics
 from arctic_rl.pipeline import AsyncRollouts, Request, Rollout, SyncRollouts
 from arctic_rl.rewards import score_all
 from arctic_rl.runconfig import RunConfig
@@ -144,6 +147,21 @@ def actor_loss_config(cfg: RunConfig) -> dict:
     return loss_config
 
 
+def step_mismatch(cfg: RunConfig, batch: dict, rollout: Rollout) -> dict[str, float]:
+    """The step's training-inference mismatch (arctic_rl.losses.mismatch: verl's rollout_corr/ off-policy
+    metrics, the ratio and the staleness histogram), from the trainer's old log-probs and the sampler's. Every
+    row of a rollout was sampled by one policy version: staleness 0 in sync mode, up to async.max_staleness."""
+    staleness = rollout.step - 1 - rollout.version
+    return mismatch_metrics(
+        batch["old_log_probs"],
+        batch["rollout_log_probs"],
+        batch["response_mask"],
+        threshold=actor_loss_config(cfg).get("rollout_is_threshold", 2.0),
+        staleness_B=torch.full((len(rollout.samples),), staleness),
+        max_staleness=cfg.async_.max_staleness if cfg.async_.enable else 0,
+    )
+
+
 def train_step(
     cfg: RunConfig, client: ArcticRLClient, recipe, rollout: Rollout, pad_id: int, before_sync
 ) -> dict[str, float]:
@@ -170,6 +188,7 @@ def train_step(
     temperature = actor_loss_config(cfg)["temperature"]
     batch["old_log_probs"] = client.log_probs(batch, temperature=temperature)["log_probs"]
     t["old_log_prob"] = time.perf_counter() - t0
+    mismatch = step_mismatch(cfg, batch, rollout)
     if cfg.use_reference:  # else no timing_s/ref, as verl: a phase that did not run has no time (nor tokens/s)
         t0 = time.perf_counter()
         batch["ref_log_prob"] = client.log_probs(batch, reference=True, temperature=temperature)["log_probs"]
@@ -197,6 +216,7 @@ def train_step(
 
     mask = batch["response_mask"].float()
     metrics = {f"{tracking.TIMING_PREFIX}{k}": v for k, v in t.items()}
+    metrics.update(mismatch)
     metrics.update({k: float(np.mean(v)) for k, v in actor.items()})
     metrics[tracking.REWARD_MEAN] = float(scores_B.mean())
     metrics[tracking.RESPONSE_LENGTH_MEAN] = float(mask.sum(-1).mean())

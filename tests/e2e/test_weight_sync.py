@@ -2,7 +2,8 @@
 every tensor the sampler holds exactly, so a sampler that missed one optimizer step at lr 1e-6 is caught and
 named, and a float32 trainer with the default sampler dtype syncs cleanly even when the checkpoint is bfloat16;
 a float32 trainer with a bfloat16 sampler (fp32 master weights, bf16 rollouts) syncs, its check comparing the
-trainer's weights as bfloat16 represents them, and a missed step is still named; the sampler's log-probs are those
+trainer's weights as bfloat16 represents them, and a missed step is still named, and the loop's mismatch metrics
+(rollout_corr/k3_kl) show its rounding as a KL well above a float32 sampler's; the sampler's log-probs are those
 of the tempered distribution it sampled from, as the trainer's are; a tied LM head (the embedding's table) reaches
 the packed copy vLLM-CPU's GEMM kernel computes the logits with, and a kernel left stale is named."""
 
@@ -16,6 +17,7 @@ from tiny_models import make_tiny_model
 from arctic_rl import ArcticRLClientConfig, create_arctic_rl_client
 from arctic_rl.batch import from_samples
 from arctic_rl.errors import WeightSyncError
+from arctic_rl.losses.mismatch import mismatch_metrics
 
 pytestmark = pytest.mark.slow
 N = 4
@@ -114,6 +116,32 @@ def test_float32_training_with_a_bfloat16_sampler_syncs_and_a_missed_step_is_nam
     assert isinstance(info.value.cause, WeightSyncError)
     assert "first stale tensor model." in str(info.value.cause) and "bfloat16" in str(info.value.cause), info.value
     c.sync_weights()
+
+
+def _sampler_trainer_mismatch(c, seed: int) -> dict[str, float]:
+    """The loop's rollout_corr/ metrics (arctic_rl.losses.mismatch) of a few fresh samples: the sampler's log-probs
+    against the trainer's (float32) for the same tokens, with the two holding the same weights."""
+    c.sync_weights()
+    samples = c.generate(["the quick brown fox", "how many albums"], {"n": N, "max_tokens": 12, "seed": seed})
+    batch = from_samples(samples, [i // N for i in range(len(samples))])
+    trainer = c.log_probs(batch)["log_probs"]
+    return mismatch_metrics(trainer, batch["rollout_log_probs"], batch["response_mask"])
+
+
+def test_a_bfloat16_sampler_shows_a_larger_mismatch_kl_than_a_float32_one(client, bf16_sampler_client):
+    # Both module fixtures stay alive until the module ends, so this test adds no deployment: `client` samples in
+    # float32 (the default sampler dtype follows the float32 trainer), `bf16_sampler_client` in bfloat16. Their
+    # models are the same random one (make_tiny_model's seed 0; one checkpoint saved in bfloat16) after a few
+    # different small steps, which does not matter at this scale: a float32 sampler differs from the float32
+    # trainer only by summation order (log-prob gaps ~1e-6; the temperature test above: < 1e-4 everywhere), a
+    # bfloat16 one by bfloat16's rounding of weights and activations (8 mantissa bits: gaps ~1e-3 to 1e-2), so k3
+    # (~ the mean of gap^2 / 2) differs by several orders of magnitude; 10x leaves room for any seed. k3, not
+    # verl's signed `kl` (a mean of gaps whose sign is noise at this size): k3 is >= 0 per token.
+    fp32 = _sampler_trainer_mismatch(client, seed=11)
+    bf16 = _sampler_trainer_mismatch(bf16_sampler_client, seed=11)
+    assert bf16["rollout_corr/k3_kl"] > 10 * fp32["rollout_corr/k3_kl"], (fp32, bf16)
+    assert bf16["rollout_corr/log_ppl_abs_diff"] > 10 * fp32["rollout_corr/log_ppl_abs_diff"], (fp32, bf16)
+    assert abs(fp32["rollout_corr/ratio_max"] - 1) < 1e-3 and fp32["rollout_corr/staleness/frac_0"] == 1.0, fp32
 
 
 @pytest.fixture(scope="module")
