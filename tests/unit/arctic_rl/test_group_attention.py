@@ -13,15 +13,28 @@ from arctic_rl.zorro.merge import attention_with_lse, merge_attention_states
 from arctic_rl.zorro.vllm_cpu import split_kv_cache
 
 
-@pytest.fixture
-def kernel(tmp_path, monkeypatch):
-    """The kernel built into an empty cache folder (forgetting any library loaded earlier)."""
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    """The kernel built once for the module into an empty cache folder (forgetting any library loaded
+    earlier): a build is seconds of g++, which every test would otherwise pay again."""
     if shutil.which("g++") is None and shutil.which("c++") is None:
         pytest.fail("no C++ compiler: ZoRRo's CPU kernel cannot be built (install g++)")
-    monkeypatch.setenv("ARCTIC_RL_KERNEL_CACHE", str(tmp_path))
+    folder = tmp_path_factory.mktemp("kernel-cache")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("ARCTIC_RL_KERNEL_CACHE", str(folder))
+        ga.load.cache_clear()
+        assert ga.load() is not None
+    ga.load.cache_clear()
+    return folder
+
+
+@pytest.fixture
+def kernel(built, monkeypatch):
+    """The module's kernel, loaded from its cache folder."""
+    monkeypatch.setenv("ARCTIC_RL_KERNEL_CACHE", str(built))
     ga.load.cache_clear()
     assert ga.load() is not None
-    yield tmp_path
+    yield built
     ga.load.cache_clear()
 
 
