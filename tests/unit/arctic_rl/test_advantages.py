@@ -2,28 +2,22 @@
 
 from __future__ import annotations
 
-import importlib
 import statistics
-import sys
 
 import numpy as np
 import pytest
 import torch
-from repo_paths import REPO
+from repo_paths import verl_module
 
 from arctic_rl.advantages import grpo, rloo
 
-VERL_REF = REPO / ".venv" / "verl-ref"
 UIDS = ["a", "a", "a", "b", "b", "c", 7, 7, 7, 7, "d", "d"]  # "c" is a group of one; "d" has equal scores
 SCORES = torch.tensor([1.0, 0.0, 0.5, 2.0, -1.0, 3.0, 0.0, 1.0, 1.0, 0.25, 0.5, 0.5])
 
 
 @pytest.fixture(scope="module")
 def verl_core():
-    assert VERL_REF.is_dir(), f"{VERL_REF} is missing: run scripts/setup_env.sh"
-    if str(VERL_REF) not in sys.path:
-        sys.path.insert(0, str(VERL_REF))
-    return importlib.import_module("verl.trainer.ppo.core_algos")
+    return verl_module("verl.trainer.ppo.core_algos")
 
 
 def groups() -> dict:

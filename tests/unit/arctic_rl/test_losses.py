@@ -6,21 +6,19 @@ Legend: B rows, R response columns.
 
 from __future__ import annotations
 
-import importlib
 import math
 import subprocess
 import sys
 
 import pytest
 import torch
-from repo_paths import REPO
+from repo_paths import REPO, verl_module
 
 from arctic_rl.losses import LOSS_FNS, resolve_loss_fn
 from arctic_rl.losses.grpo import AGG_MODES, SUM_METRICS, agg_loss, grpo_loss
 from arctic_rl.losses.sft import sft_loss
 
 REPO = REPO
-VERL_REF = REPO / ".venv" / "verl-ref"
 LENGTHS = [6, 3, 1, 6, 0, 4, 2, 5]  # one empty row: it must not count as a sequence
 B, R = len(LENGTHS), 6
 
@@ -28,11 +26,8 @@ B, R = len(LENGTHS), 6
 @pytest.fixture(scope="module")
 def verl():
     """verl's core_algos. setup_env.sh installs it, so its absence is a failure, not a skip."""
-    assert VERL_REF.is_dir(), f"{VERL_REF} is missing: run scripts/setup_env.sh"
-    if str(VERL_REF) not in sys.path:
-        sys.path.insert(0, str(VERL_REF))
-    core = importlib.import_module("verl.trainer.ppo.core_algos")
-    rc = importlib.import_module("verl.trainer.ppo.rollout_corr_helper")
+    core = verl_module("verl.trainer.ppo.core_algos")
+    rc = verl_module("verl.trainer.ppo.rollout_corr_helper")
     from verl.workers.config import ActorConfig
 
     return core, rc, ActorConfig

@@ -7,16 +7,12 @@ Legend: B rows, R response columns.
 
 from __future__ import annotations
 
-import importlib
-import sys
-
 import pytest
 import torch
-from repo_paths import REPO
+from repo_paths import REPO, verl_module
 
 from arctic_rl.losses.mismatch import mismatch_metrics
 
-VERL_REF = REPO / ".venv" / "verl-ref"
 LENGTHS = [6, 3, 1, 6, 0, 4, 2, 5]  # one empty row: verl counts it as a row in its row means
 B, R = len(LENGTHS), 6
 OFFPOLICY = (
@@ -28,10 +24,7 @@ OFFPOLICY = (
 @pytest.fixture(scope="module")
 def rc():
     """verl's rollout_corr_helper. setup_env.sh installs it, so its absence is a failure, not a skip."""
-    assert VERL_REF.is_dir(), f"{VERL_REF} is missing: run scripts/setup_env.sh"
-    if str(VERL_REF) not in sys.path:
-        sys.path.insert(0, str(VERL_REF))
-    return importlib.import_module("verl.trainer.ppo.rollout_corr_helper")
+    return verl_module("verl.trainer.ppo.rollout_corr_helper")
 
 
 def make_logprobs(seed: int, scale: float = 0.3) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

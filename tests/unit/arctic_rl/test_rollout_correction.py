@@ -12,18 +12,14 @@ Legend: B rows, R response columns.
 
 from __future__ import annotations
 
-import importlib
-import sys
-
 import pytest
 import torch
-from repo_paths import REPO
+from repo_paths import verl_module
 
 from arctic_rl.losses import global_loss_keys
 from arctic_rl.losses.config import RS_OPTIONS
 from arctic_rl.losses.grpo import SUM_METRICS, grpo_loss
 
-VERL_REF = REPO / ".venv" / "verl-ref"
 LENGTHS = [7, 3, 1, 7, 0, 5, 2, 6, 4, 7, 1, 6]  # one empty row
 B, R = len(LENGTHS), 7
 TOL = dict(rtol=1e-6, atol=1e-6)
@@ -32,11 +28,8 @@ TOL = dict(rtol=1e-6, atol=1e-6)
 @pytest.fixture(scope="module")
 def verl():
     """verl's core_algos, rollout_corr_helper and configs; setup_env.sh installs them (absence is a failure)."""
-    assert VERL_REF.is_dir(), f"{VERL_REF} is missing: run scripts/setup_env.sh"
-    if str(VERL_REF) not in sys.path:
-        sys.path.insert(0, str(VERL_REF))
-    core = importlib.import_module("verl.trainer.ppo.core_algos")
-    rc = importlib.import_module("verl.trainer.ppo.rollout_corr_helper")
+    core = verl_module("verl.trainer.ppo.core_algos")
+    rc = verl_module("verl.trainer.ppo.rollout_corr_helper")
     from verl.trainer.config.algorithm import RolloutCorrectionConfig
     from verl.workers.config import ActorConfig
     from verl.workers.config.actor import PolicyLossConfig
