@@ -38,30 +38,4 @@ fresh=$(mktemp -d /tmp/arctic-rl-test.XXXXXX)
 trap 'rm -rf "$fresh"' EXIT
 mkdir -p "$fresh/home"
 echo "[test] fresh HOME=$fresh/home and RAY_TMPDIR=$fresh for this run"
-export HOME=$fresh/home RAY_TMPDIR=$fresh ARCTIC_RL_REQUIRE_SKYRL=1
-if [ "$#" -gt 0 ]; then  # a chosen subset: one pytest
-  .venv/bin/python -m pytest -q --durations=15 "$@"
-  exit
-fi
-# The whole suite as two pytest processes side by side. The jobs tests spend much of their time waiting on
-# Slurm (a node declared dead, a requeue, a job's start) and the unit tests compute on one core, while the
-# other end-to-end tests leave a core idle as often (engines starting, one engine working while the others
-# wait): together they fill both cores. Each process has its own Ray head (ARCTIC_RL_TEST_RAY_PORT), state
-# folder and pytest temp folder; the caches they share are written by rename or under a file lock.
-# The jobs tests' Slurm jobs run in the cluster's network namespaces, so ports never collide.
-jobs_and_unit=(tests/e2e/test_jobs_multinode.py tests/e2e/test_jobs_slurm.py tests/e2e/test_jobs_bootstrap.py tests/unit)
-ignore=()
-for path in "${jobs_and_unit[@]}"; do ignore+=(--ignore="$path"); done
-log=runs/test-jobs-and-unit.log
-echo "[test] two pytest processes: (1) ${jobs_and_unit[*]} -> $log (printed when done); (2) the rest, here"
-ARCTIC_RL_TEST_RAY_PORT=6491 .venv/bin/python -m pytest -q --durations=15 -p no:cacheprovider \
-  "${jobs_and_unit[@]}" >"$log" 2>&1 &
-first=$!
-rc=0
-.venv/bin/python -m pytest -q --durations=15 "${ignore[@]}" || rc=$?
-echo "[test] waiting for (1) ${jobs_and_unit[*]} ..."
-wait "$first" || rc1=$?
-echo "========== (1) ${jobs_and_unit[*]} =========="
-cat "$log"
-echo "[test] (1) jobs + unit: exit ${rc1:-0}; (2) the rest: exit $rc"
-[ "${rc1:-0}" -eq 0 ] && exit "$rc" || exit "${rc1}"
+HOME=$fresh/home RAY_TMPDIR=$fresh ARCTIC_RL_REQUIRE_SKYRL=1 .venv/bin/python -m pytest -q --durations=15 "$@"
