@@ -38,4 +38,6 @@ fresh=$(mktemp -d /tmp/arctic-rl-test.XXXXXX)
 trap 'rm -rf "$fresh"' EXIT
 mkdir -p "$fresh/home"
 echo "[test] fresh HOME=$fresh/home and RAY_TMPDIR=$fresh for this run"
-HOME=$fresh/home RAY_TMPDIR=$fresh ARCTIC_RL_REQUIRE_SKYRL=1 .venv/bin/python -m pytest -q --durations=15 "$@"
+# vLLM's ZeroMQ sockets too (files named by a uuid, left in /tmp by every engine otherwise).
+HOME=$fresh/home RAY_TMPDIR=$fresh VLLM_RPC_BASE_PATH=$fresh ARCTIC_RL_REQUIRE_SKYRL=1 \
+  .venv/bin/python -m pytest -q --durations=15 "$@"
