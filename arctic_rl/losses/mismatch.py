@@ -35,15 +35,11 @@ from __future__ import annotations
 
 import torch
 
+from arctic_rl.losses.common import masked_mean
 from arctic_rl.losses.config import is_threshold
 
 PREFIX = "rollout_corr/"
 SAFETY_BOUND = 20.0  # verl's bound on a log-ratio before exp
-
-
-def _token_mean(x_BR: torch.Tensor, mask_BR: torch.Tensor) -> torch.Tensor:
-    """verl's masked_mean over the whole batch: sum / (count + 1e-8)."""
-    return torch.where(mask_BR, x_BR, 0.0).sum() / (mask_BR.sum() + 1e-8)
 
 
 def _row_mean(x_BR: torch.Tensor, mask_BR: torch.Tensor) -> torch.Tensor:
@@ -61,8 +57,8 @@ def offpolicy_metrics(old_BR: torch.Tensor, rollout_BR: torch.Tensor, mask_BR: t
     out = {
         "training_ppl": (-old_B).exp().mean(),
         "training_log_ppl": (-old_B).mean(),
-        "kl": _token_mean(-log_r_BR, mask_BR),
-        "k3_kl": _token_mean(log_r_BR.exp() - log_r_BR - 1.0, mask_BR),
+        "kl": masked_mean(-log_r_BR, mask_BR),
+        "k3_kl": masked_mean(log_r_BR.exp() - log_r_BR - 1.0, mask_BR),
         "rollout_ppl": (-rollout_B).exp().mean(),
         "rollout_log_ppl": (-rollout_B).mean(),
         "log_ppl_diff": log_ppl_diff_B.mean(),
@@ -70,7 +66,7 @@ def offpolicy_metrics(old_BR: torch.Tensor, rollout_BR: torch.Tensor, mask_BR: t
         "log_ppl_diff_max": log_ppl_diff_B.max(),
         "log_ppl_diff_min": log_ppl_diff_B.min(),
         "ppl_ratio": log_ppl_diff_B.exp().mean(),
-        "chi2_token": _token_mean(r_BR.square(), mask_BR) - 1.0,
+        "chi2_token": masked_mean(r_BR.square(), mask_BR) - 1.0,
         "chi2_seq": (2.0 * log_r_B).exp().mean() - 1.0,
     }
     return {k: float(v) for k, v in out.items()}
