@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Rehearses a new user on this machine: a clean clone of the committed HEAD in a temp folder, a new empty HOME (no
-# pip cache, no built Python 3.12, no converted demo model, no JIT builds), the project's Slurm state removed
+# uv cache, no built Python 3.12, no converted demo model, no JIT builds), the project's Slurm state removed
 # (`scripts/slurm_cluster.sh purge`: only what these scripts created), then the README's two commands, each timed.
 #
 #   sudo bash scripts/fresh_check.sh              # make demo, then make test (about an hour on 2 cores)

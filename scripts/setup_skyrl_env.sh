@@ -44,19 +44,23 @@ fi
   || { echo "[setup-skyrl] $PREFIX/bin/python3.12 lacks a stdlib module; rm -rf $PREFIX and rerun" >&2; exit 1; }
 
 [ -x $VENV/bin/python ] || "$PREFIX/bin/python3.12" -m venv $VENV
-PIP="$VENV/bin/python -m pip --disable-pip-version-check -q"
+# uv, from its cache, as in setup_env.sh: the 3 GB CUDA torch below was fetched again by pip on every run.
+$VENV/bin/python -m pip install -q --disable-pip-version-check "uv==0.13.8"
+[ -n "${PIP_FIND_LINKS:-}" ] && export UV_FIND_LINKS=$PIP_FIND_LINKS
+[ -f /etc/xdg/pip/constraints.txt ] && export UV_CONSTRAINT=/etc/xdg/pip/constraints.txt
+PIP="$VENV/bin/uv pip install --python $VENV/bin/python --quiet"
 echo "[setup-skyrl] installing torch and SkyRL's runtime dependencies ..."
 # PyPI has only the CUDA build for cp312 (the CPU wheels in /opt/wheels are cp311; download.pytorch.org is not
 # reachable): ~3 GB with its nvidia-* libraries, which torch needs to import even on a machine without a GPU.
-$PIP install "torch==2.13.0"
+$PIP "torch==2.13.0"
 # skyrl-train's own requirements minus the GPU stack (flash-attn, vllm, deepspeed) and the cloud/UI
 # extras it never imports on this path (wandb, s3fs, tensorboard, debugpy, hf_transfer): --no-deps for
 # skyrl-train itself, its imports listed here. transformers as in .venv (5.19; skyrl-train asks >=4.51), so a
 # model or tokenizer saved by either environment loads in both. The arctic-rl client needs httpx, pydantic,
 # safetensors.
-$PIP install "ray==2.51.1" "transformers==5.19.0" "hydra-core==1.3.2" omegaconf loguru tqdm jaxtyping \
+$PIP "ray==2.51.1" "transformers==5.19.0" "hydra-core==1.3.2" omegaconf loguru tqdm jaxtyping \
   "tensordict" "datasets==4.0.0" torchdata peft accelerate func_timeout polars fastapi uvicorn pybind11 \
   mlflow-skinny sqlalchemy alembic httpx "pydantic>=2" safetensors pyyaml sqlglot pytest
-$PIP install --no-deps "skyrl-train==0.3.1" "skyrl-gym==0.3.0"
+$PIP --no-deps "skyrl-train==0.3.1" "skyrl-gym==0.3.0"
 echo "$want" > "$STAMP"
 echo "[setup-skyrl] done: $($VENV/bin/python -c 'import sys, torch, ray, skyrl_train, transformers; print("python", sys.version.split()[0], "torch", torch.__version__, "ray", ray.__version__, "transformers", transformers.__version__)')"
