@@ -36,8 +36,48 @@ fi
 # A short path: Ray's unix sockets live under RAY_TMPDIR and a socket path may not pass 107 bytes.
 fresh=$(mktemp -d /tmp/arctic-rl-test.XXXXXX)
 trap 'rm -rf "$fresh"' EXIT
-mkdir -p "$fresh/home"
-echo "[test] fresh HOME=$fresh/home and RAY_TMPDIR=$fresh for this run"
-# vLLM's ZeroMQ sockets too (files named by a uuid, left in /tmp by every engine otherwise).
-HOME=$fresh/home RAY_TMPDIR=$fresh VLLM_RPC_BASE_PATH=$fresh ARCTIC_RL_REQUIRE_SKYRL=1 \
-  .venv/bin/python -m pytest -q --durations=15 "$@"
+mkdir -p "$fresh/home" "$fresh/tmp"
+echo "[test] fresh HOME=$fresh/home, TMPDIR=$fresh/tmp and RAY_TMPDIR=$fresh for this run"
+# TMPDIR and vLLM's ZeroMQ sockets too: what a killed engine or job leaves (vllm_dist_* files, uuid-named sockets,
+# SQL scratch folders, torch's compile cache) goes with the run instead of piling up in /tmp.
+export HOME=$fresh/home TMPDIR=$fresh/tmp RAY_TMPDIR=$fresh VLLM_RPC_BASE_PATH=$fresh ARCTIC_RL_REQUIRE_SKYRL=1
+if [ "$#" -gt 0 ]; then  # a chosen subset: one pytest
+  exec .venv/bin/python -m pytest -q --durations=15 "$@"
+fi
+# The whole suite as two pytest processes side by side: run one after the other, the suite keeps one of the two
+# cores idle about half the time (engines starting, Slurm declaring a node dead, a requeued job held, one engine
+# computing while the others wait). (1) runs the Slurm jobs tests; its first two jobs run verl's and SkyRL's
+# trainers on two nodes, the suite's largest deployments, while (2) runs the unit tests (small processes): one of
+# those jobs beside the other end-to-end tests ran this 24 GiB machine out of memory (Ray's memory monitor killed a
+# task). (1) then takes the evals' tests, so both end at about the same time. Each process has its own Ray head
+# (ARCTIC_RL_TEST_RAY_PORT) and pytest temp folder; the caches they share are written by rename or under a file
+# lock, and the Slurm jobs run in the cluster's network namespaces, so no port collides.
+first=(tests/e2e/test_jobs_multinode.py tests/e2e/test_jobs_slurm.py tests/e2e/test_jobs_bootstrap.py
+  tests/e2e/test_evals_model_mode.py)
+second=(tests/unit tests/e2e tests/gpu)
+ignore=()
+for path in "${first[@]}"; do ignore+=(--ignore="$path"); done
+log=runs/test-1.log
+echo "[test] two pytest processes: (1) ${first[*]} -> $log (printed when done); (2) the rest, here"
+ARCTIC_RL_TEST_RAY_PORT=6491 .venv/bin/python -m pytest -q --durations=15 -p no:cacheprovider \
+  --basetemp="$fresh/pytest-1" "${first[@]}" >"$log" 2>&1 &
+one=$!
+rc2=0
+.venv/bin/python -m pytest -q --durations=15 --basetemp="$fresh/pytest-2" "${second[@]}" "${ignore[@]}" \
+  | tee runs/test-2.log || rc2=${PIPESTATUS[0]}
+echo "[test] (2) done (exit $rc2); waiting for (1) ${first[*]} ..."
+rc1=0
+wait "$one" || rc1=$?
+echo "========== (1) ${first[*]} (exit $rc1) =========="
+cat "$log"
+# One closing line for both processes (each printed its own above).
+count() {  # $1 of both closing lines ("926 passed, 31 skipped, ... in 3125.92s")
+  local f n s=0
+  for f in runs/test-1.log runs/test-2.log; do
+    n=$(grep -E " in [0-9.]+s" "$f" | tail -n 1 | grep -oE "[0-9]+ $1" | cut -d' ' -f1)
+    s=$((s + ${n:-0}))
+  done
+  echo "$s"
+}
+echo "make test: $(count passed) passed, $(count failed) failed, $(count skipped) skipped"
+[ "$rc1" -eq 0 ] && [ "$rc2" -eq 0 ]

@@ -184,6 +184,62 @@ def ray_addresses(job_dir: Path) -> set[str]:
     return set(re.findall(r"10\.213\.0\.\d+", text))
 
 
+# First in the file, so first in make test's jobs process: the suite's largest deployments, run while the other
+# process runs the unit tests (scripts/test.sh).
+@pytest.mark.parametrize("framework", ["skyrl", "verl"])
+def test_framework_path_on_two_nodes(
+    cluster, store: MlflowClient, tiny_llama: Path, tmp_path: Path, framework: str
+) -> None:
+    """verl's own trainer (recipes/verl/run_tiny.sh) and SkyRL's (recipes/skyrl/run_tiny.sh: SkyRL in its own
+    Python and Ray, the arctic-rl server it starts over HTTP joining the job's Ray) as a 2-node job through the
+    same launcher (`--command`, run as given): arctic-rl's engines span both hosts."""
+    if framework == "skyrl":
+        skyrl_python()
+    arctic = "+actor_rollout_ref.arctic" if framework == "verl" else "+trainer.arctic"
+    project = f"{framework}-2nodes"
+    command = (
+        f"bash {REPO}/recipes/{framework}/run_tiny.sh {tiny_llama} {arctic}.training_gpus=2 "
+        f"{arctic}.sampling_gpus=2 trainer.project_name={project}"
+    )
+    env_out = {"verl": "VERL_OUT", "skyrl": "SKYRL_OUT"}[framework]
+    os.environ[env_out] = str(tmp_path / "out")  # read by run_tiny.sh inside the job (sbatch exports the env)
+    try:
+        job_id, job_dir, _ = submit(
+            [
+                "python",
+                "-m",
+                "jobs.slurm",
+                "submit",
+                "--recipe",
+                project,
+                "--command",
+                command,
+                "--nodes",
+                "2",
+                "--time",
+                "20",
+            ]
+        )
+    finally:
+        del os.environ[env_out]
+    state = wait_state(job_id, {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL"}, JOB_TIMEOUT_S)
+    log = "".join(p.read_text(errors="replace") for p in sorted((job_dir / "submitit").glob("*_0_log.*")))
+    assert state == "COMPLETED", log[-5000:]
+    exp = store.get_experiment_by_name(project)
+    assert exp is not None, log[-3000:]
+    (run,) = store.search_runs([exp.experiment_id])
+    assert run.info.status == "FINISHED"
+    assert run.data.tags["framework"] == framework and run.data.tags["backend"] == "arctic-rl"
+    # As the text2sql run: nodes=2 and the engines on both hosts, in the framework's own MLflow run.
+    assert_spans_both_hosts(run)
+    # The one-host framework tests' checks, here on two hosts (they skip while this cluster is up).
+    uri = os.environ["MLFLOW_TRACKING_URI"]
+    if framework == "verl":
+        check_verl_run(uri, project, tiny_llama, log[-3000:])
+    else:
+        check_skyrl_run(uri, project, tiny_llama, tmp_path / "out", log[-3000:])
+
+
 # The tiny random model earns no reward on text2sql, so pg_loss, grad_norm and the reward are 0 at every step
 # and equal in any two runs; response length and entropy differ step to step (the step's prompts, the sampler's
 # seed, the weights), so they are what makes the comparison able to fail.
@@ -414,57 +470,3 @@ def test_node_loss_requeues_and_resumes(cluster, store: MlflowClient, size: list
     run = the_run(store, "text2sql", job_id)
     assert_spans_both_hosts(run)  # the victim held trainer rank 1 and a sampler replica
     assert run.info.status == "FINISHED" and steps_of(store, run.info.run_id) == list(range(1, PREEMPT_STEPS + 1))
-
-
-@pytest.mark.parametrize("framework", ["verl", "skyrl"])
-def test_framework_path_on_two_nodes(
-    cluster, store: MlflowClient, tiny_llama: Path, tmp_path: Path, framework: str
-) -> None:
-    """verl's own trainer (recipes/verl/run_tiny.sh) and SkyRL's (recipes/skyrl/run_tiny.sh: SkyRL in its own
-    Python and Ray, the arctic-rl server it starts over HTTP joining the job's Ray) as a 2-node job through the
-    same launcher (`--command`, run as given): arctic-rl's engines span both hosts."""
-    if framework == "skyrl":
-        skyrl_python()
-    arctic = "+actor_rollout_ref.arctic" if framework == "verl" else "+trainer.arctic"
-    project = f"{framework}-2nodes"
-    command = (
-        f"bash {REPO}/recipes/{framework}/run_tiny.sh {tiny_llama} {arctic}.training_gpus=2 "
-        f"{arctic}.sampling_gpus=2 trainer.project_name={project}"
-    )
-    env_out = {"verl": "VERL_OUT", "skyrl": "SKYRL_OUT"}[framework]
-    os.environ[env_out] = str(tmp_path / "out")  # read by run_tiny.sh inside the job (sbatch exports the env)
-    try:
-        job_id, job_dir, _ = submit(
-            [
-                "python",
-                "-m",
-                "jobs.slurm",
-                "submit",
-                "--recipe",
-                project,
-                "--command",
-                command,
-                "--nodes",
-                "2",
-                "--time",
-                "20",
-            ]
-        )
-    finally:
-        del os.environ[env_out]
-    state = wait_state(job_id, {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL"}, JOB_TIMEOUT_S)
-    log = "".join(p.read_text(errors="replace") for p in sorted((job_dir / "submitit").glob("*_0_log.*")))
-    assert state == "COMPLETED", log[-5000:]
-    exp = store.get_experiment_by_name(project)
-    assert exp is not None, log[-3000:]
-    (run,) = store.search_runs([exp.experiment_id])
-    assert run.info.status == "FINISHED"
-    assert run.data.tags["framework"] == framework and run.data.tags["backend"] == "arctic-rl"
-    # As the text2sql run: nodes=2 and the engines on both hosts, in the framework's own MLflow run.
-    assert_spans_both_hosts(run)
-    # The one-host framework tests' checks, here on two hosts (they skip while this cluster is up).
-    uri = os.environ["MLFLOW_TRACKING_URI"]
-    if framework == "verl":
-        check_verl_run(uri, project, tiny_llama, log[-3000:])
-    else:
-        check_skyrl_run(uri, project, tiny_llama, tmp_path / "out", log[-3000:])
