@@ -6,7 +6,9 @@
 One step (verl's phase names, logged as timing_s/<phase>):
   gen            take prompts_per_step examples (a seeded order, reshuffled each epoch), apply the chat
                  template to `messages` + `assistant_prefix`, sample n responses each (seed from (seed, step))
-  reward         recipe.reward(assistant_prefix + text, example), in a process pool (arctic_rl.rewards)
+  reward         recipe.reward(assistant_prefix + text, example), in a process pool (arctic_rl.rewards),
+                 plus DAPO's overlong punishment (overlong.buffer_len); with filter_groups.enable, groups whose
+                 rewards are all equal are dropped and more prompts drawn (arctic_rl.rollout.dynamic)
   adv            GRPO / Dr.GRPO / RLOO over each prompt's group (arctic_rl.advantages)
   old_log_prob   the trainer's log-probs of the samples (PPO's pi_old; in async mode the proximal policy),
                  and their mismatch with the sampler's, logged as verl's rollout_corr/ metrics
@@ -39,7 +41,7 @@ import os
 import random
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -55,8 +57,9 @@ from arctic_rl.loop_eval import LoopEvals
 from arctic_rl.loop_sft import sft_warmup
 from arctic_rl.loop_state import LoopState, flush_metrics, load_checkpoint, resume_path, save_checkpoint
 from arctic_rl.losses.mismatch import mismatch_metrics
-from arctic_rl.pipeline import AsyncRollouts, Request, Rollout, SyncRollouts
 from arctic_rl.rewards import score_all
+from arctic_rl.rollout import dynamic
+from arctic_rl.rollout.pipeline import AsyncRollouts, Request, Rollout, SyncRollouts
 from arctic_rl.runconfig import RunConfig
 
 
@@ -149,38 +152,102 @@ def actor_loss_config(cfg: RunConfig) -> dict:
 
 def step_mismatch(cfg: RunConfig, batch: dict, rollout: Rollout) -> dict[str, float]:
     """The step's training-inference mismatch (arctic_rl.losses.mismatch: verl's rollout_corr/ off-policy
-    metrics, the ratio and the staleness histogram), from the trainer's old log-probs and the sampler's. Every
-    row of a rollout was sampled by one policy version: staleness 0 in sync mode, up to async.max_staleness."""
-    staleness = rollout.step - 1 - rollout.version
+    metrics, the ratio and the staleness histogram), from the trainer's old log-probs and the sampler's. A row's
+    staleness is the policy versions between its sampler and the trainer: 0 in sync mode, up to
+    async.max_staleness (the groups of a dynamic-sampling step may come from different versions)."""
+    staleness = [rollout.step - 1 - v for v in rollout.row_versions(cfg.sampling.n)]
     return mismatch_metrics(
         batch["old_log_probs"],
         batch["rollout_log_probs"],
         batch["response_mask"],
         threshold=actor_loss_config(cfg).get("rollout_is_threshold", 2.0),
-        staleness_B=torch.full((len(rollout.samples),), staleness),
+        staleness_B=torch.tensor(staleness),
         max_staleness=cfg.async_.max_staleness if cfg.async_.enable else 0,
     )
 
 
-def train_step(
-    cfg: RunConfig, client: ArcticRLClient, recipe, rollout: Rollout, pad_id: int, before_sync
-) -> dict[str, float]:
+def score(cfg: RunConfig, recipe, examples: list[dict], samples: list[dict]) -> list[float]:
+    """The recipe's reward of each sample (n per example, prompt-major), plus DAPO's soft overlong punishment
+    when overlong.buffer_len is set (arctic_rl.rollout.dynamic)."""
     n = cfg.sampling.n
-    t: dict[str, float] = {"gen": rollout.wait_s}
-    t0 = time.perf_counter()
     completions = [
         ex.get("assistant_prefix", "") + s["text"]
-        for i, ex in enumerate(rollout.examples)
-        for s in rollout.samples[i * n : (i + 1) * n]
+        for i, ex in enumerate(examples)
+        for s in samples[i * n : (i + 1) * n]
     ]
-    examples_B = [ex for ex in rollout.examples for _ in range(n)]
-    scores_B = torch.tensor(score_all(recipe.reward, completions, examples_B))
-    t["reward"] = time.perf_counter() - t0
+    scores = score_all(recipe.reward, completions, [ex for ex in examples for _ in range(n)])
+    o = cfg.overlong
+    penalty = dynamic.overlong_penalty(
+        [len(s["token_ids"]) for s in samples], cfg.sampling.max_tokens, o.buffer_len, o.penalty_factor
+    )
+    return [float(x) + p for x, p in zip(scores, penalty)]
 
+
+def gather(
+    cfg: RunConfig, client: ArcticRLClient, recipe, rollout: Rollout, make_request
+) -> tuple[Rollout, list[float], dict[str, float]]:
+    """The step's rollout and its scores; with filter_groups.enable, only groups with signal, drawing more
+    batches while too few have it (arctic_rl.rollout.dynamic). Returns (rollout, scores, metrics: the time
+    spent generating and scoring, and what the filter saw)."""
+    t0 = time.perf_counter()
+    scores = score(cfg, recipe, rollout.examples, rollout.samples)
+    m = {"gen": rollout.wait_s, "reward": time.perf_counter() - t0}
+    if not cfg.filter_groups.enable:
+        return rollout, scores, m
+
+    def draw(d: int) -> dynamic.Draw:
+        prompts, params, examples = make_request(rollout.step, d)
+        t0 = time.perf_counter()
+        samples = client.generate(prompts, params)
+        t1 = time.perf_counter()
+        extra = dynamic.Draw(examples, samples, score(cfg, recipe, examples, samples), version=rollout.step - 1)
+        m["gen"] += t1 - t0
+        m["reward"] += time.perf_counter() - t1
+        return extra
+
+    first = dynamic.Draw(rollout.examples, rollout.samples, scores, rollout.version)
+    f = dynamic.fill_groups(
+        first, draw, cfg.train.prompts_per_step, cfg.sampling.n, cfg.filter_groups.max_num_gen_batches
+    )
+    m.update(
+        {
+            "train/num_gen_batches": f.gen_batches,
+            "dynamic/groups_drawn": f.groups_drawn,
+            "dynamic/groups_with_signal": f.groups_with_signal,
+            "dynamic/groups_trained": len(f.examples),
+        }
+    )
+    rollout = replace(rollout, examples=f.examples, samples=f.samples, group_versions=f.group_versions)
+    return rollout, f.scores, m
+
+
+def mask_truncated(cfg: RunConfig, batch: dict, samples: list[dict]) -> torch.Tensor:
+    """With overlong.filter, no loss on a response cut at max_tokens (its reward stayed in its group's
+    baseline). Returns which rows were cut, filtered or not."""
+    cut = torch.tensor(dynamic.truncated(samples), dtype=torch.bool)
+    if cfg.overlong.filter:
+        batch["response_mask"][cut] = 0
+    return cut
+
+
+def train_step(
+    cfg: RunConfig,
+    client: ArcticRLClient,
+    rollout: Rollout,
+    scores: list[float],
+    gathered: dict[str, float],
+    pad_id: int,
+    before_sync,
+) -> dict[str, float]:
+    n = cfg.sampling.n
+    t = {k: gathered[k] for k in ("gen", "reward")}
+    scores_B = torch.tensor(scores)
     t0 = time.perf_counter()
     uids = [f"{rollout.step}-{i // n}" for i in range(len(rollout.samples))]
     batch = from_samples(rollout.samples, uids, pad_token_id=pad_id)
     batch["advantages"] = compute_advantages(cfg, scores_B, uids)
+    lengths = batch["response_mask"].float().sum(-1)
+    cut = mask_truncated(cfg, batch, rollout.samples)
     t["adv"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
@@ -214,12 +281,13 @@ def train_step(
     client.sync_weights()
     t["update_weights"] = time.perf_counter() - t0
 
-    mask = batch["response_mask"].float()
     metrics = {f"{tracking.TIMING_PREFIX}{k}": v for k, v in t.items()}
+    metrics.update({k: v for k, v in gathered.items() if k not in t})
+    metrics["response_length/clip_ratio"] = float(cut.float().mean())  # verl's name: the share cut at max_tokens
     metrics.update(mismatch)
     metrics.update({k: float(np.mean(v)) for k, v in actor.items()})
     metrics[tracking.REWARD_MEAN] = float(scores_B.mean())
-    metrics[tracking.RESPONSE_LENGTH_MEAN] = float(mask.sum(-1).mean())
+    metrics[tracking.RESPONSE_LENGTH_MEAN] = float(lengths.mean())
     metrics["async/staleness"] = float(rollout.step - 1 - rollout.version)
     metrics["async/gen_s"] = rollout.gen_s
     metrics["_num_tokens"] = float(batch["attention_mask"].sum())
@@ -295,9 +363,10 @@ def run(
         "stop": list(cfg.sampling.stop),
     }
 
-    def make_request(step: int) -> Request:
-        exs = [examples[i] for i in step_indices(step, len(examples), cfg.train.prompts_per_step, cfg.seed)]
-        return [prompt_ids(tokenizer, ex) for ex in exs], {**sampling, "seed": step_seed(cfg.seed, step)}, exs
+    def make_request(step: int, draw: int = 0) -> Request:
+        per_step = cfg.train.prompts_per_step
+        exs = [examples[i] for i in step_indices(step, len(examples), per_step, cfg.seed, draw)]
+        return [prompt_ids(tokenizer, ex) for ex in exs], {**sampling, "seed": step_seed(cfg.seed, step, draw)}, exs
 
     rollouts = (
         AsyncRollouts(client, make_request, cfg.async_.max_staleness, last)
@@ -328,9 +397,9 @@ def run(
         for step in bar:
             t0 = time.perf_counter()
             sleep.before_gen()
-            rollout = rollouts.get(step)
+            rollout, scores, gathered = gather(cfg, client, recipe, rollouts.get(step), make_request)
             sleep.after_gen()
-            metrics = train_step(cfg, client, recipe, rollout, pad_id, before_sync)
+            metrics = train_step(cfg, client, rollout, scores, gathered, pad_id, before_sync)
             metrics[tracking.TIMING_STEP] = time.perf_counter() - t0
             tokens = metrics[tracking.PERF_TOTAL_NUM_TOKENS] = metrics.pop("_num_tokens")
             metrics[tracking.PERF_THROUGHPUT] = tokens / metrics[tracking.TIMING_STEP] / num_gpus

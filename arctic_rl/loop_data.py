@@ -9,9 +9,13 @@ from __future__ import annotations
 import numpy as np
 
 
-def step_indices(step: int, num_examples: int, per_step: int, seed: int) -> list[int]:
+def step_indices(step: int, num_examples: int, per_step: int, seed: int, draw: int = 0) -> list[int]:
     """Example indices of `step` (1-based): a pure function of (seed, step), so resume needs no data state.
-    Epoch e visits the examples in permutation(seed, e); steps run across epoch boundaries."""
+    Epoch e visits the examples in permutation(seed, e); steps run across epoch boundaries. Draw d > 0 is the
+    step's d-th extra batch (dynamic sampling: arctic_rl.rollout.dynamic), drawn at random from (seed, step, d)
+    outside the epoch order, so the steps after it take the prompts they would have taken without it."""
+    if draw:
+        return [int(i) for i in np.random.default_rng([seed, step, draw, 13]).integers(num_examples, size=per_step)]
     out = []
     for g in range((step - 1) * per_step, step * per_step):
         epoch, pos = divmod(g, num_examples)
@@ -23,9 +27,10 @@ def epoch_order(seed: int, epoch: int, n: int) -> np.ndarray:
     return np.random.default_rng([seed, epoch]).permutation(n)
 
 
-def step_seed(seed: int, step: int) -> int:
-    """The sampling seed of a step: reproducible across resumes, different every step."""
-    return int(np.random.default_rng([seed, step, 7]).integers(2**31 - 1))
+def step_seed(seed: int, step: int, draw: int = 0) -> int:
+    """The sampling seed of a step (and of its extra draws): reproducible across resumes, different every step."""
+    key = [seed, step, 7, draw] if draw else [seed, step, 7]
+    return int(np.random.default_rng(key).integers(2**31 - 1))
 
 
 def prompt_ids(tokenizer, example: dict) -> list[int]:

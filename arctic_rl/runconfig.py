@@ -4,8 +4,8 @@
     client_cfg = cfg.client_config()        # the ArcticRLClientConfig of the backend
 
 Sections: model, backend (ArcticRLClientConfig fields except model_name), recipe, sampling, train,
-loss, advantage, reference, async, checkpoint, resume, tracking, sleep_engines, seed. Every model forbids unknown
-keys, so a typo is an error naming its dotted path (`train.stpes: Extra inputs are not permitted`); so do
+loss, advantage, reference, async, filter_groups, overlong, checkpoint, resume, tracking, sleep_engines, seed.
+Every model forbids unknown keys, so a typo is an error naming its dotted path (`train.stpes: Extra inputs are not permitted`); so do
 `loss.config` (the built-in losses' models, arctic_rl.losses.config) and `recipe.options` (the recipe's
 `parse_options`), checked when the file parses.
 
@@ -118,6 +118,26 @@ class AsyncConfig(Strict):
     max_staleness: int = Field(1, ge=1, description="policy versions between the sampler and the trainer")
 
 
+class FilterGroupsConfig(Strict):
+    """DAPO's dynamic sampling (verl: algorithm.filter_groups): groups whose rewards are all equal are dropped and
+    more prompts drawn until the step has train.prompts_per_step groups with signal (arctic_rl.rollout.dynamic)."""
+
+    enable: bool = False
+    max_num_gen_batches: int = Field(
+        4, ge=1, description="batches of prompts_per_step drawn at most per step, the first included"
+    )
+
+
+class OverlongConfig(Strict):
+    """Responses cut at sampling.max_tokens (arctic_rl.rollout.dynamic)."""
+
+    filter: bool = Field(False, description="no loss on a truncated response (SkyRL's apply_overlong_filtering)")
+    buffer_len: int = Field(
+        0, ge=0, description="DAPO's soft overlong punishment over the last N tokens (verl: overlong_buffer.len)"
+    )
+    penalty_factor: float = Field(1.0, ge=0, description="the punishment at max_tokens (verl: penalty_factor)")
+
+
 class CheckpointConfig(Strict):
     dir: str | None = Field(None, description="None: runs/<recipe>/<run_name or 'run'>")
     every: int = Field(0, ge=0, description="save every N steps (and at the last step); 0 = never")
@@ -168,6 +188,8 @@ class RunConfig(Strict):
     advantage: AdvantageConfig = AdvantageConfig()
     reference: ReferenceConfig = ReferenceConfig()
     async_: AsyncConfig = Field(AsyncConfig(), alias="async")
+    filter_groups: FilterGroupsConfig = FilterGroupsConfig()
+    overlong: OverlongConfig = OverlongConfig()
     checkpoint: CheckpointConfig = CheckpointConfig()
     resume: str = Field("auto", min_length=1, description="auto (latest complete checkpoint) | never | a path")
     tracking: TrackingConfig = TrackingConfig()
@@ -179,6 +201,15 @@ class RunConfig(Strict):
         "and the trainer and reference while the sampler generates (arctic_rl.loop)",
     )
     seed: int = 0
+
+    @model_validator(mode="after")
+    def _check_overlong(self):
+        if self.overlong.buffer_len >= self.sampling.max_tokens:
+            raise ValueError(
+                f"overlong.buffer_len={self.overlong.buffer_len} must be below "
+                f"sampling.max_tokens={self.sampling.max_tokens} (the punishment starts that many tokens before it)"
+            )
+        return self
 
     @model_validator(mode="after")
     def _check_backend(self):

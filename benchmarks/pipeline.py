@@ -3,7 +3,7 @@ and the limit overlap allows.
 
 Sync step  = gen + train + sync   (train = reward + adv + old_log_prob + ref + update_actor)
 Async step >= max(gen, train) + sync: generation of step t + 1 overlaps training of step t, but
-sync_weights waits for it (arctic_rl/pipeline.py), so the best speedup is
+sync_weights waits for it (arctic_rl/rollout/pipeline.py), so the best speedup is
 (gen + train + sync) / (max(gen, train) + sync) <= (gen + train) / max(gen, train) <= 2.
 On a CPU-only machine the sampler and the trainer share the same cores, so the overlap mostly
 trades one's cores for the other's; on GPUs (split placement) they do not compete.

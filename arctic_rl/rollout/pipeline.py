@@ -42,6 +42,15 @@ class Rollout:
     version: int  # optimizer-step count (loop steps) of the weights that sampled it
     wait_s: float  # time the loop waited for it (the whole generate in sync mode)
     gen_s: float  # time the generate itself took
+    # Per example, where its groups come from different draws (dynamic sampling: arctic_rl.rollout.dynamic);
+    # None: every group was sampled by `version`.
+    group_versions: list[int] | None = None
+
+    def row_versions(self, n: int) -> list[int]:
+        """The policy version of each sample (n per example, prompt-major)."""
+        if self.group_versions is None:
+            return [self.version] * len(self.samples)
+        return [v for v in self.group_versions for _ in range(n)]
 
 
 class SyncRollouts:

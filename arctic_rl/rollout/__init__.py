@@ -1,0 +1,5 @@
+"""The generation side of the reference loop: where a step's samples come from and which of them it trains on.
+
+pipeline.py   rollouts in step (sync) or up to async.max_staleness policy versions ahead (async)
+dynamic.py    DAPO's dynamic sampling (groups without signal dropped, more drawn) and overlong handling
+"""
