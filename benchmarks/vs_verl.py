@@ -14,10 +14,14 @@ token-mean, no entropy or KL term), fp32, one micro-batch holding the whole grou
   arctic        arctic_rl.engines.training.TrainingWorker (DeepSpeed, ZeRO-0), forward_backward + optimizer_step
   arctic+zorro  the same with training_config.zorro_train.enable
 
-Before timing, the four gradients (before any optimizer step) and losses are compared with verl's: the
-largest per-parameter relative difference ||g - g_verl|| / ||g_verl|| must be <= --grad-tol (fp32), or
-the script exits 1 without timing. `--break-zorro` shifts the position ids of ZoRRo's responses by one
-(an off-by-one a packing bug would make); the check must then fail (tests/unit/test_vs_verl.py).
+Before timing, each variant is compared with verl on a batch of its own (check_batch: three prompt groups
+of different prompt lengths, ragged responses with padding, advantages of both signs, old log-probs within
+0.3 of the model's own, so no row's ratio sits clipped at a constant): the loss, the gradients before any
+optimizer step and the weight change of one optimizer step; the largest per-parameter relative difference
+(||g - g_verl|| / ||g_verl||, the same for the change) must be <= --grad-tol (fp32; --step-tol for the
+change), or the script exits 1 without timing. `--break-zorro` shifts the position ids of ZoRRo's responses by one (an off-by-one a packing
+bug would make), `--break-zorro one-row` only those of the row with the most negative advantage; the check
+must fail either way (tests/unit/test_vs_verl.py).
 
 What of verl does not run here, on a CPU: verl 0.9.1 registers its FSDP engine for CUDA and NPU only and
 has no CPU platform, so this script registers one through verl's platform plugin API
@@ -40,7 +44,7 @@ variant; on CUDA the allocator's high-water mark. Each variant's update times al
 
     python benchmarks/vs_verl.py                  # W1 (prompt 1024, response 128, G 16) and the demo model
     python benchmarks/vs_verl.py --quick          # small sizes, for development
-    python benchmarks/vs_verl.py --check-only --quick [--break-zorro]
+    python benchmarks/vs_verl.py --check-only --quick [--break-zorro [one-row]]
     python benchmarks/vs_verl.py --device cuda    # the same on a GPU (fp32)
 """
 
@@ -150,6 +154,52 @@ def make_batch(vocab: int, P: int, R: int, G: int, seed: int = 0) -> dict[str, A
         "response_mask": torch.ones_like(resp),
         "uid": ["p0"] * G,
         "advantages": torch.randn(G, generator=g),
+        "old_log_probs": old,
+    }
+
+
+def model_log_probs(folder: Path, ids: torch.Tensor, attention_mask: torch.Tensor, P: int) -> torch.Tensor:
+    """[B, R] log-probs of the response tokens under the model folder's own weights (transformers, fp32)."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, attn_implementation="sdpa")
+    positions = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+    with torch.no_grad():
+        logits = model(input_ids=ids, attention_mask=attention_mask, position_ids=positions).logits
+    return logits[:, P - 1 : -1].log_softmax(-1).gather(-1, ids[:, P:, None]).squeeze(-1)
+
+
+CHECK_VICTIM = 5  # a row of check_batch's second group
+
+
+def check_batch(folder: Path, vocab: int, P: int, R: int, groups: int = 3, per_group: int = 3, seed: int = 1):
+    """The equal-gradients check's batch: `groups` prompts of different lengths (left-padded), each with
+    `per_group` responses of different lengths (right-padded), advantages of both signs, and old log-probs within
+    0.3 of the model's own. Random old log-probs (the timing batch's) put every ratio near 0, so each row with a
+    negative advantage is clipped to a constant and has no gradient: a bug confined to those rows would pass."""
+    g = torch.Generator().manual_seed(seed)
+    B = groups * per_group
+    ids = torch.zeros(B, P + R, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for k in range(groups):
+        p = P - k * max(1, P // (2 * groups))
+        prompt = torch.randint(1, vocab, (p,), generator=g)
+        for j in range(per_group):
+            i, r = k * per_group + j, max(1, R - (k + 2 * j) % R)
+            ids[i, P - p : P], ids[i, P : P + r] = prompt, torch.randint(1, vocab, (r,), generator=g)
+            mask[i, P - p : P + r] = 1
+    response_mask = mask[:, P:].clone()
+    noise = 0.6 * torch.rand(B, R, generator=g) - 0.3
+    old = (model_log_probs(folder, ids, mask, P) + noise) * response_mask
+    advantages = torch.randn(B, generator=g).clamp(min=-1.0)
+    advantages[CHECK_VICTIM] = -1.5  # the most negative: the row `--break-zorro one-row` breaks
+    return {
+        "input_ids": ids,
+        "attention_mask": mask,
+        "responses": ids[:, P:].clone(),
+        "response_mask": response_mask,
+        "uid": [f"p{i // per_group}" for i in range(B)],
+        "advantages": advantages,
         "old_log_probs": old,
     }
 
@@ -319,7 +369,7 @@ def verl_data(batch: dict, device: str):
     return td
 
 
-def verl_update(engine, batch: dict, device: str, step: bool) -> float:
+def verl_update(engine, batch: dict, step: bool, device: str) -> float:
     """verl's train_batch (zero_grad, forward_backward_batch, optimizer_step) and its lr-scheduler step;
     step=False stops after the backward (gradients kept)."""
     from verl.workers.utils.losses import ppo_loss
@@ -355,7 +405,7 @@ def flash_mask_sdpa(sdpa):
     return attention
 
 
-def verl_pg_update(engine, batch: dict, device: str, step: bool) -> float:
+def verl_pg_update(engine, batch: dict, step: bool, device: str) -> float:
     """verl's PrefixGrouper forward on the engine's module, verl's policy loss, the engine's optimizer step."""
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
     from verl.models.transformers import monkey_patch
@@ -396,6 +446,16 @@ def verl_pg_update(engine, batch: dict, device: str, step: bool) -> float:
         engine.optimizer_step()
         engine.lr_scheduler_step()
     return float(loss.detach())
+
+
+def verl_weights(engine) -> dict[str, torch.Tensor]:
+    from torch.distributed.tensor import DTensor
+
+    out = {}
+    for name, p in engine.module.named_parameters():
+        w = p.full_tensor() if isinstance(p, DTensor) else p
+        out[name] = w.detach().float().cpu().clone()
+    return out
 
 
 def verl_grads(engine) -> dict[str, torch.Tensor]:
@@ -445,16 +505,27 @@ def arctic_grads(worker) -> dict[str, torch.Tensor]:
     return {n: p.grad.detach().float().cpu().clone() for n, p in worker.module.model.named_parameters()}
 
 
-def break_zorro() -> None:
-    """Shift every ZoRRo response's position ids by one: the gradients must then differ from verl's."""
+def arctic_weights(worker) -> dict[str, torch.Tensor]:
+    return {n: p.detach().float().cpu().clone() for n, p in worker.module.model.named_parameters()}
+
+
+def break_zorro(one_row: bool = False) -> None:
+    """Shift ZoRRo's response position ids by one (an off-by-one a packing bug would make): every response's, or
+    with one_row only that of check_batch's row CHECK_VICTIM, the most negative advantage: a row whose gradient a
+    check with random old log-probs never saw. The gradients must then differ from verl's."""
     from arctic_rl.zorro import train
 
     build = train.build_plan
 
     def broken(*args, **kwargs):
         plan = build(*args, **kwargs)
+        victim = CHECK_VICTIM if one_row else None
         for g in plan.groups:
-            plan.position_ids[0, g.resp_start : g.resp_start + g.num_resp_tokens] += 1
+            start = g.resp_start
+            for row, n in zip(g.rows, g.resp_lens):
+                if victim is None or row == victim:
+                    plan.position_ids[0, start : start + n] += 1
+                start += n
         return plan
 
     train.build_plan = broken
@@ -467,51 +538,66 @@ def break_zorro() -> None:
 @dataclass
 class Variant:
     name: str
-    update: Any  # (step: bool) -> loss
+    update: Any  # (batch, step: bool) -> loss
     grads: Any  # () -> {name: grad}
+    weights: Any  # () -> {name: weight}
 
 
-def variants(folder: Path, batch: dict, device: str, only: tuple[str, ...] = VARIANTS) -> dict[str, Variant]:
+def variants(folder: Path, rows: int, device: str, only: tuple[str, ...] = VARIANTS) -> dict[str, Variant]:
+    """The variants, each updating on the batch it is given (`rows` at most: one micro-batch)."""
     init_process_group(device)
-    G = batch["responses"].shape[0]
     out: dict[str, Variant] = {}
-    if {"verl", "verl+pg"} & set(only):
-        engine = verl_engine(folder)
-        if "verl" in only:
-            out["verl"] = Variant("verl", partial(verl_update, engine, batch, device), partial(verl_grads, engine))
-        if "verl+pg" in only:
-            out["verl+pg"] = Variant(
-                "verl+pg", partial(verl_pg_update, engine, batch, device), partial(verl_grads, engine)
+    # verl and verl+pg each get an engine: the check compares one optimizer step of each from the same weights
+    for name, update in (("verl", verl_update), ("verl+pg", verl_pg_update)):
+        if name in only:
+            engine = verl_engine(folder)
+            out[name] = Variant(
+                name, partial(update, engine, device=device), partial(verl_grads, engine), partial(verl_weights, engine)
             )
     for name, zorro in (("arctic", False), ("arctic+zorro", True)):
         if name in only:
-            w = arctic_worker(folder, zorro, G)
-            out[name] = Variant(name, partial(arctic_update, w, batch), partial(arctic_grads, w))
+            w = arctic_worker(folder, zorro, rows)
+            out[name] = Variant(name, partial(arctic_update, w), partial(arctic_grads, w), partial(arctic_weights, w))
     return out
 
 
-def check_equal(vs: dict[str, Variant], grad_tol: float) -> tuple[bool, list[dict]]:
-    """Loss and gradients of each variant (before any optimizer step) against verl's."""
+def _worst(got: dict[str, torch.Tensor], ref: dict[str, torch.Tensor], name: str) -> tuple[str, float]:
+    if set(got) != set(ref):
+        raise RuntimeError(f"{name}: parameter names differ from verl's: {sorted(set(got) ^ set(ref))[:4]}")
+    rel = {k: float((got[k] - ref[k]).norm() / ref[k].norm().clamp(min=1e-30)) for k in ref}
+    worst = max(rel, key=rel.__getitem__)
+    return worst, rel[worst]
+
+
+def check_equal(vs: dict[str, Variant], batch: dict, grad_tol: float, step_tol: float) -> tuple[bool, list[dict]]:
+    """Each variant against verl on `batch` (check_batch): the loss and the gradients before any optimizer step
+    (within grad_tol), then the change one optimizer step makes to the weights (AdamW, gradient clipping, weight
+    decay; within step_tol: AdamW's first step is lr * g / (|g| + eps) per entry, so an entry whose gradient is
+    near eps carries its float32 rounding difference into the step about |g| / eps times larger)."""
     results = {}
     for name, v in vs.items():
-        loss = v.update(step=False)
+        loss = v.update(batch, step=False)
         results[name] = (loss, v.grads())
-    ref_loss, ref = results["verl"]
+    for name, v in vs.items():
+        before = v.weights()
+        v.update(batch, step=True)
+        after = v.weights()
+        results[name] += ({k: after[k] - before[k] for k in after},)
+    ref_loss, ref, ref_delta = results["verl"]
     rows, ok = [], True
-    for name, (loss, grads) in results.items():
-        if set(grads) != set(ref):
-            raise RuntimeError(f"{name}: parameter names differ from verl's: {sorted(set(grads) ^ set(ref))[:4]}")
-        rel = {k: float((grads[k] - ref[k]).norm() / ref[k].norm().clamp(min=1e-30)) for k in ref}
-        worst = max(rel, key=rel.__getitem__)
-        passed = rel[worst] <= grad_tol and abs(loss - ref_loss) <= grad_tol * max(1.0, abs(ref_loss))
+    for name, (loss, grads, delta) in results.items():
+        worst, rel = _worst(grads, ref, name)
+        worst_step, rel_step = _worst(delta, ref_delta, name)
+        passed = rel <= grad_tol and rel_step <= step_tol and abs(loss - ref_loss) <= grad_tol * max(1.0, abs(ref_loss))
         ok &= passed
         rows.append(
             {
                 "variant": name,
                 "loss": f"{loss:.7f}",
                 "|loss - verl|": f"{abs(loss - ref_loss):.1e}",
-                "max grad rel diff": f"{rel[worst]:.1e}",
+                "max grad rel diff": f"{rel:.1e}",
                 "worst parameter": worst,
+                "max update rel diff": f"{rel_step:.1e}",
                 "equal": "yes" if passed else "NO",
             }
         )
@@ -533,20 +619,20 @@ def print_rows(rows: list[dict]) -> None:
 def memory_worker(args, variant: str) -> None:
     folder, batch = Path(args.folder), make_batch(**json.loads(args.batch_spec))
     device = args.device
-    v = variants(folder, batch, device, only=(variant,))[variant]
+    v = variants(folder, batch["responses"].shape[0], device, only=(variant,))[variant]
     gc.collect()
     if device == "cuda":
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
         base = torch.cuda.memory_allocated()
-        v.update(step=True)
+        v.update(batch, step=True)
         torch.cuda.synchronize()
         peak = torch.cuda.max_memory_allocated() - base
     else:
         with open("/proc/self/clear_refs", "w") as f:
             f.write("5")  # resets VmHWM to the current RSS (Linux >= 4.0)
         base = _status_bytes("VmRSS")
-        v.update(step=True)
+        v.update(batch, step=True)
         peak = max(0, _status_bytes("VmHWM") - base)
     print(json.dumps({"peak_bytes": peak}))
 
@@ -605,7 +691,8 @@ def run_workload(args, name: str, report: Report | None) -> bool:
     folder = model_folder(model, args.out, P + R + 8)
     spec = dict(vocab=MODELS[model]["vocab_size"], P=P, R=R, G=G)
     batch = make_batch(**spec)
-    vs = variants(folder, batch, args.device, only=args.variants)
+    check = check_batch(folder, spec["vocab"], P, R)
+    vs = variants(folder, max(G, check["responses"].shape[0]), args.device, only=args.variants)
     c = MODELS[model]
     title = (
         f"{name}: model {model} (hidden {c['hidden_size']}, {c['num_hidden_layers']} layers, "
@@ -613,12 +700,15 @@ def run_workload(args, name: str, report: Report | None) -> bool:
         f"vocab {c['vocab_size']}), prompt {P}, response {R}, G {G}"
     )
     print(f"\n{title}")
-    ok, rows = check_equal(vs, args.grad_tol)
-    print(f"equal loss and gradients (vs verl, tolerance {args.grad_tol:g}): {'passed' if ok else 'FAILED'}")
+    ok, rows = check_equal(vs, check, args.grad_tol, args.step_tol)
+    print(
+        f"equal loss, gradients and optimizer update (vs verl, tolerance {args.grad_tol:g}, update {args.step_tol:g}; "
+        f"3 prompt groups, ragged lengths, old log-probs within 0.3 of the model's): {'passed' if ok else 'FAILED'}"
+    )
     print_rows(rows)
     if report is not None:
         for r in rows:
-            report.add(f"{name}: equal loss and gradients (before timing)", **r)
+            report.add(f"{name}: equal loss, gradients and optimizer update (before timing)", **r)
     if not ok or args.check_only:
         return ok
 
@@ -629,14 +719,14 @@ def run_workload(args, name: str, report: Report | None) -> bool:
     for v in vs.values():
         sync()
         t0 = time.perf_counter()
-        v.update(step=True)
+        v.update(batch, step=True)
         sync()
         warm[v.name] = time.perf_counter() - t0
     for _ in range(args.reps):
         for v in vs.values():  # interleaved: load from other processes hits all alike
             sync()
             t0, c0 = time.perf_counter(), time.process_time()
-            v.update(step=True)
+            v.update(batch, step=True)
             sync()
             wall[v.name].append(time.perf_counter() - t0)
             cpu[v.name].append(time.process_time() - c0)
@@ -692,8 +782,15 @@ def main() -> None:
         default=VARIANTS,
         help=f"comma-separated subset of {','.join(VARIANTS)} (verl always included: the reference)",
     )
-    ap.add_argument("--break-zorro", action="store_true", help="perturb ZoRRo (response positions +1)")
+    ap.add_argument(
+        "--break-zorro",
+        nargs="?",
+        const="all",
+        choices=("all", "one-row"),
+        help="perturb ZoRRo: every response's positions +1, or one row's (the most negative advantage)",
+    )
     ap.add_argument("--grad-tol", type=float, default=1e-4, help="max relative gradient / loss difference")
+    ap.add_argument("--step-tol", type=float, default=1e-3, help="max relative difference of one optimizer step")
     ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     ap.add_argument("--no-memory", action="store_true")
     ap.add_argument(
@@ -709,7 +806,7 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.break_zorro:
-        break_zorro()
+        break_zorro(one_row=args.break_zorro == "one-row")
     if args.memory_worker:
         memory_worker(args, args.memory_worker)
         return
