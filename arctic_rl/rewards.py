@@ -6,7 +6,8 @@
 Rewards are CPU work (SQL execution, answer parsing) and one step scores prompts x n of them, so they run
 in worker processes, one per CPU in os.sched_getaffinity (Slurm's and taskset's limits, not the machine's
 count), in order, with the same results as scoring them one by one. The pool starts once per process
-(workers are spawned, not forked: the driver holds Ray and torch threads) and is reused every step. With
+(workers are spawned, not forked: the driver holds Ray and torch threads) and is reused every step, by every
+thread (SkyRL's generator scores each batch from a thread of its own, many at once). With
 one CPU, or fewer items than two, scoring stays in this process. The reward function must be importable
 by name (a module-level function such as recipes.<name>.reward).
 """
@@ -17,12 +18,14 @@ import atexit
 import math
 import multiprocessing
 import os
+import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
 WORKERS_ENV = "ARCTIC_RL_REWARD_WORKERS"  # overrides the pool size (1 = serial)
 _pools: dict[int, ProcessPoolExecutor] = {}
+_pools_lock = threading.Lock()  # threads making their first call at once must not each start a pool
 
 
 def num_workers() -> int:
@@ -39,9 +42,10 @@ def num_workers() -> int:
 
 
 def _pool(workers: int) -> ProcessPoolExecutor:
-    if workers not in _pools:
-        _pools[workers] = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"))
-    return _pools[workers]
+    with _pools_lock:
+        if workers not in _pools:
+            _pools[workers] = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"))
+        return _pools[workers]
 
 
 def _call(fn: Callable, args: tuple) -> Any:
@@ -51,9 +55,10 @@ def _call(fn: Callable, args: tuple) -> Any:
 def score_all(fn: Callable[..., Any], *columns: Sequence[Any], workers: int | None = None) -> list[float]:
     """[float(fn(*row)) for row in zip(*columns)], in a process pool when there are CPUs to spare."""
     rows = list(zip(*columns))
-    workers = min(workers or num_workers(), len(rows))
-    if workers < 2:
+    workers = workers or num_workers()
+    if min(workers, len(rows)) < 2:
         return [float(fn(*row)) for row in rows]
+    # One pool of `workers` whatever the batch size (a pool per size kept each one's processes alive)
     chunk = max(1, math.ceil(len(rows) / (4 * workers)))  # a few chunks per worker: even load, little IPC
     return [float(x) for x in _pool(workers).map(_call, [fn] * len(rows), rows, chunksize=chunk)]
 
@@ -69,6 +74,7 @@ def score_one(fn: Callable[..., Any], *args: Any) -> float:
 
 @atexit.register
 def shutdown() -> None:
-    for pool in _pools.values():
-        pool.shutdown(cancel_futures=True)
-    _pools.clear()
+    with _pools_lock:
+        for pool in _pools.values():
+            pool.shutdown(cancel_futures=True)
+        _pools.clear()

@@ -44,3 +44,27 @@ def test_verl_compute_score_is_the_recipe_reward():
     gold = ex.get("assistant_prefix", "") + text2sql.sft_completion(ex)
     info = {"recipe": "text2sql", "example": json.dumps({k: v for k, v in ex.items() if k != "messages"})}
     assert compute_score("arctic_rl/text2sql", gold, None, info) == text2sql.reward(gold, ex) == 1.0
+
+
+def test_threads_scoring_at_once_share_one_pool():
+    """SkyRL's generator scores each batch from its own thread (asyncio.to_thread), many at once: they must share
+    the process's one pool. Two-node SkyRL jobs kept 13 pool workers alive (700 MB each) where 2 CPUs allow 2:
+    first calls racing to create the pool each made one and kept its workers, and pools were also made per
+    batch size (min(CPUs, rows))."""
+    import multiprocessing
+    import threading
+
+    from arctic_rl import rewards
+
+    rewards.shutdown()
+    start = threading.Barrier(8)
+
+    def score(rows: int) -> list[float]:
+        start.wait()
+        return score_all(len, ["abc", "de", "f"][:rows], workers=3)
+
+    with ThreadPoolExecutor(8) as threads:
+        got = list(threads.map(score, [2, 3] * 4))
+    assert got == [[3.0, 2.0], [3.0, 2.0, 1.0]] * 4
+    assert list(rewards._pools) == [3] and len(multiprocessing.active_children()) == 3
+    rewards.shutdown()
