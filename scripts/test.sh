@@ -53,11 +53,12 @@ fi
 # computing while the others wait). (1) runs the Slurm jobs tests; its first two jobs run verl's and SkyRL's
 # trainers on two nodes, the suite's largest deployments, while (2) runs the unit tests (small processes): one of
 # those jobs beside the other end-to-end tests ran this 24 GiB machine out of memory (Ray's memory monitor killed a
-# task). (1) then takes the evals' tests, so both end at about the same time. Each process has its own Ray head
+# task). (1) then takes the evals', sleep and start-error tests, so both end at about the same time (the first full
+# run, without the last two in (1): (1) 3474 s, (2) 3946 s). Each process has its own Ray head
 # (ARCTIC_RL_TEST_RAY_PORT) and pytest temp folder; the caches they share are written by rename or under a file
 # lock, and the Slurm jobs run in the cluster's network namespaces, so no port collides.
 first=(tests/e2e/test_jobs_multinode.py tests/e2e/test_jobs_slurm.py tests/e2e/test_jobs_bootstrap.py
-  tests/e2e/test_evals_model_mode.py)
+  tests/e2e/test_evals_model_mode.py tests/e2e/test_sleep.py tests/e2e/test_engine_start_errors.py)
 second=(tests/unit tests/e2e tests/gpu)
 ignore=()
 for path in "${first[@]}"; do ignore+=(--ignore="$path"); done
