@@ -14,6 +14,10 @@ fi
 # none here and fetched every wheel of every run again (8 min of each CI run from a fresh clone; uv: ~1 min,
 # ~80 s with a cold cache). It reads no pip.conf, so the machine's find-links and constraints are passed on.
 $VENV/bin/python -m pip install -q --disable-pip-version-check "uv==0.13.8"
+# uv's build environments leave lock files in the temp folder (uv-setuptools-*.lock): a private one, removed at exit.
+export TMPDIR
+TMPDIR=$(mktemp -d)
+trap 'rm -rf "$TMPDIR"' EXIT
 [ -n "${PIP_FIND_LINKS:-}" ] && export UV_FIND_LINKS=$PIP_FIND_LINKS
 [ -f /etc/xdg/pip/constraints.txt ] && export UV_CONSTRAINT=/etc/xdg/pip/constraints.txt
 PIP="$VENV/bin/uv pip install --python $VENV/bin/python --quiet"

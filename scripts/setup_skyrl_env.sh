@@ -17,6 +17,12 @@ if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want" ]; then
   echo "[setup-skyrl] $VENV is up to date"; exit 0
 fi
 
+# A private temp folder for this run, removed at exit: the CPython build, and uv's build environments' lock files
+# (uv-setuptools-*.lock, left in the temp folder otherwise).
+scratch=$(mktemp -d)
+trap 'rm -rf "$scratch"' EXIT
+export TMPDIR=$scratch
+
 if [ ! -x "$PREFIX/bin/python3.12" ]; then
   SRC=http://archive.ubuntu.com/ubuntu/pool/main/p/python3.12/python3.12_3.12.3.orig.tar.xz
   SHA=56bfef1fdfc1221ce6720e43a661e3eb41785dd914ce99698d8c7896af4bdaa1
@@ -26,8 +32,8 @@ if [ ! -x "$PREFIX/bin/python3.12" ]; then
     DEBIAN_FRONTEND=noninteractive flock /run/arctic-rl-apt.lock apt-get install -y -q build-essential libssl-dev libffi-dev zlib1g-dev \
       libbz2-dev liblzma-dev libsqlite3-dev >/dev/null
   fi
-  work=$(mktemp -d)
-  trap 'rm -rf "$work"' EXIT
+  work=$scratch/build
+  mkdir -p "$work"
   echo "[setup-skyrl] downloading CPython 3.12.3 source (Ubuntu noble's python3.12 package) ..."
   curl -fsSL --retry 3 -o "$work/py.tar.xz" "$SRC"
   echo "$SHA  $work/py.tar.xz" | sha256sum -c --quiet
