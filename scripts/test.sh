@@ -84,5 +84,5 @@ count() {  # $1 of both closing lines ("926 passed, 31 skipped, ... in 3125.92s"
   done
   echo "$s"
 }
-echo "make test: $(count passed) passed, $(count failed) failed, $(count skipped) skipped"
+echo "total: $(count passed) passed, $(count failed) failed, $(count skipped) skipped"
 [ "$rc1" -eq 0 ] && [ "$rc2" -eq 0 ]
