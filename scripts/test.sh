@@ -45,8 +45,10 @@ export HOME=$fresh/home TMPDIR=$fresh/tmp RAY_TMPDIR=$fresh VLLM_RPC_BASE_PATH=$
 # processes computing side by side on two cores otherwise steal each other's cores in spin-waits: measured here,
 # a small torch training loop took 2.4 s alone, 18.2 s beside another such loop, 4.0 s beside it with this set.
 export OMP_WAIT_POLICY=PASSIVE
-if [ "$#" -gt 0 ]; then  # a chosen subset: one pytest
-  exec .venv/bin/python -m pytest -q --durations=15 "$@"
+if [ "$#" -gt 0 ]; then  # a chosen subset: one pytest (not exec: the EXIT trap removes the run's folder)
+  rc=0
+  .venv/bin/python -m pytest -q --durations=15 "$@" || rc=$?
+  exit "$rc"
 fi
 # The whole suite as two pytest processes side by side: run one after the other, the suite keeps one of the two
 # cores idle about half the time (engines starting, Slurm declaring a node dead, a requeued job held, one engine
