@@ -1,19 +1,29 @@
 """Who may run what on a running HTTP server (one deployment for the module): the token is in no
 command line, record, checkpoint or log; checkpoint paths stay under the root and loads never unpickle
-code; plugin losses and post-processors by name; engine bugs are engine errors; close() detaches.
+code; plugin losses and post-processors by name; engine bugs are engine errors; cross-site requests reach no
+engine; /healthz answers while the sampler decodes; close() detaches.
 tests/unit/arctic_rl/test_security.py checks the request rules without a deployment."""
 
 from __future__ import annotations
 
 import os
 import stat
+import threading
+import time
 from pathlib import Path
 
 import httpx
 import pytest
 import torch
 
-from arctic_rl import ArcticRLClientConfig, BatchFormatError, ConfigError, UnknownNameError, create_arctic_rl_client
+from arctic_rl import (
+    ArcticRLClientConfig,
+    BatchFormatError,
+    ConfigError,
+    UnknownNameError,
+    create_arctic_rl_client,
+    wire,
+)
 from arctic_rl.config import state_dir
 from arctic_rl.errors import EngineError
 
@@ -134,6 +144,59 @@ def test_plugin_losses_and_post_processors_by_name(served, tmp_path):
     with pytest.raises(EngineError, match="bug in plugin_buggy"):
         client.forward_backward(batch, "plugin_buggy")
     assert client.health()["ok"]
+
+
+def test_cross_site_requests_reach_no_engine(served):
+    """The edges in front of the real controller: a request with the token and a valid body, but sent as a web
+    page could (text/plain, a foreign Origin, a rebinding Host), is refused and its op never runs; the same request
+    sent as the client sends it does run (so the refusal, not the body, is what stopped it)."""
+    root, proc = served["root"], served["proc"]
+    base = f"http://127.0.0.1:{PORT}"
+    good = {"authorization": f"Bearer {TOKEN}", "content-type": wire.CONTENT_TYPE}
+    save = wire.encode({"path": "xsite"})
+    for bad, status in (
+        ({"content-type": "text/plain"}, 415),
+        ({"origin": "https://evil.example"}, 403),
+        ({"sec-fetch-site": "cross-site"}, 403),
+        ({"host": f"evil.example:{PORT}"}, 403),
+    ):
+        r = httpx.post(f"{base}/v1/save_checkpoint", content=save, headers={**good, **bad}, timeout=60)
+        assert r.status_code == status, (bad, r.status_code, r.text[:200])
+        assert not (root / "xsite").exists(), f"save_checkpoint ran despite {bad}"
+        r = httpx.post(f"{base}/v1/shutdown", content=b"", headers={**good, **bad}, timeout=60)
+        assert r.status_code == status, (bad, r.status_code, r.text[:200])
+        time.sleep(1.0)  # a shutdown that got through stops the server 0.5 s after answering
+        assert proc.poll() is None and served["client"].health()["ok"], f"shutdown ran despite {bad}"
+    r = httpx.post(f"{base}/v1/save_checkpoint", content=save, headers=good, timeout=120)
+    assert r.status_code == 200, r.text[:300]
+    assert (root / "xsite" / "arctic_rl.json").exists()
+
+
+def test_healthz_answers_while_the_deployment_decodes(served):
+    """A long generate on the real sampler holds its request open; /healthz is answered meanwhile, each poll in a
+    small fraction of the generate's time (a controller call waited on the event loop would hold every poll
+    until the generate ends)."""
+    client = served["client"]
+    done: dict = {}
+
+    def generate() -> None:
+        t = time.monotonic()
+        done["out"] = client.generate([f"count {i}:" for i in range(8)], {"n": 4, "max_tokens": 200, "min_tokens": 200})
+        done["secs"] = time.monotonic() - t
+
+    worker = threading.Thread(target=generate)
+    worker.start()
+    waits = []
+    while worker.is_alive():
+        t = time.monotonic()
+        r = httpx.get(f"http://127.0.0.1:{PORT}/healthz", timeout=300)
+        if worker.is_alive():  # answered while the generate was still running
+            waits.append(time.monotonic() - t)
+        assert r.status_code == 200
+        time.sleep(0.05)
+    worker.join()
+    assert len(done["out"]) == 32 and all(len(o["token_ids"]) == 200 for o in done["out"])
+    assert len(waits) >= 5 and max(waits) < done["secs"] / 4, (done["secs"], len(waits), max(waits, default=None))
 
 
 def test_close_detaches_and_never_stops_the_server(served):
