@@ -275,6 +275,36 @@ class ServerConfig(Strict):
         return self.model_copy(update={"checkpoint_root": str(Path(root).expanduser().resolve())})
 
 
+class CpuConfig(Strict):
+    """CPU deployments only (a Ray cluster without GPUs): the cores each engine computes on. Ray starts an actor
+    that asks for no CPUs with OMP_NUM_THREADS=1, so without this a trainer on an 8-core node computes on one
+    core while the other seven idle. Placement (arctic_rl.server.placement.cpu_core_slices) turns this into each
+    engine's thread count and, when split, its cores."""
+
+    threads: int | None = Field(
+        None,
+        ge=1,
+        description="compute threads per engine; None: every core of the engine's set, or OMP_NUM_THREADS of "
+        "the process that starts the deployment, if it has one",
+    )
+    split: bool = Field(
+        False,
+        description="disjoint cores: the sampler on the first sampler_cores of its node's cores, the trainer and "
+        "reference on the rest (async: sampler and trainer compute at once); False: every engine may use every "
+        "core (sync: the engines take turns)",
+    )
+    sampler_cores: int | None = Field(
+        None, ge=1, description="with split: the sampler's cores on each node; None: half of them (at least 1)"
+    )
+
+    def resolved(self) -> CpuConfig:
+        """threads from OMP_NUM_THREADS where the deployment starts, when unset here (run there)."""
+        env = os.environ.get("OMP_NUM_THREADS", "")
+        if self.threads is not None or not env.isdigit() or int(env) < 1:
+            return self
+        return self.model_copy(update={"threads": int(env)})
+
+
 class ArcticRLClientConfig(Strict):
     model_name: str = Field(..., min_length=1, description="HF model folder (or hub name, only if you ask for one)")
     comm_protocol: Literal["ray", "http"] = "ray"
@@ -315,6 +345,7 @@ class ArcticRLClientConfig(Strict):
     )
     request_timeout_s: float = Field(3600.0, gt=0)
     server: ServerConfig = ServerConfig()
+    cpu: CpuConfig = CpuConfig()
 
     @field_validator("model_name")
     @classmethod

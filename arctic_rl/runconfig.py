@@ -313,6 +313,10 @@ class RunConfig(Strict):
                 "backend.training_config.micro_batch_size",
             )
         data.setdefault("seed", self.seed)
+        if self.async_.enable:  # sampler and trainer compute at once: on CPU, each on its own cores
+            cpu = data.setdefault("cpu", {})
+            if isinstance(cpu, dict):
+                cpu.setdefault("split", True)
         # No KL term (and no reference.enable): no reference model is deployed at all.
         _imply(
             data,

@@ -45,6 +45,10 @@ export HOME=$fresh/home TMPDIR=$fresh/tmp RAY_TMPDIR=$fresh VLLM_RPC_BASE_PATH=$
 # processes computing side by side on two cores otherwise steal each other's cores in spin-waits: measured here,
 # a small torch training loop took 2.4 s alone, 18.2 s beside another such loop, 4.0 s beside it with this set.
 export OMP_WAIT_POLICY=PASSIVE
+# One compute thread per process and per engine (engines take it as their cpu.threads, arctic_rl/config.py
+# CpuConfig): the two pytest processes below already fill both cores, and two threads each would make four on two
+# cores (the same loop beside a copy of itself: 1.6 s with one thread each, 4.0 s with two each and PASSIVE).
+export OMP_NUM_THREADS=1
 if [ "$#" -gt 0 ]; then  # a chosen subset: one pytest (not exec: the EXIT trap removes the run's folder)
   rc=0
   .venv/bin/python -m pytest -q --durations=15 "$@" || rc=$?

@@ -17,6 +17,7 @@ from typing import Any, cast
 import torch
 
 from arctic_rl.config import ArcticRLClientConfig, sampler_dtype
+from arctic_rl.engines.cpu_share import apply_cpu_share, cpu_now
 from arctic_rl.engines.memory import MemoryMark, freed_memory_returned
 from arctic_rl.engines.model import accelerator
 from arctic_rl.engines.startup import reports_start_failure
@@ -27,6 +28,8 @@ from arctic_rl.errors import BatchFormatError
 class SamplingWorker:
     @reports_start_failure(lambda self, config_json, replica: f"sampling engine replica {replica}")
     def __init__(self, config_json: str, replica: int):
+        # First, and before vLLM: its CPU worker turns torch.set_num_threads into a no-op once it starts.
+        self.cpu = apply_cpu_share() if accelerator() == "cpu" else None
         self.cfg = ArcticRLClientConfig.from_json(config_json)
         self.replica = replica
         vc = self.cfg.vllm_config
@@ -94,6 +97,7 @@ class SamplingWorker:
             "host": socket.gethostname(),
             "node_id": ray.get_runtime_context().get_node_id(),
             "gpu_ids": [str(g) for g in ray.get_gpu_ids()],
+            "cpu": cpu_now() if self.cpu is not None else None,
         }
 
     def generate(self, prompts: list, params: dict, first_index: int = 0) -> list[list[dict]]:

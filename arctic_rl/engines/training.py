@@ -27,6 +27,7 @@ import torch
 from arctic_rl.batch import Batch
 from arctic_rl.config import ArcticRLClientConfig, sampler_dtype
 from arctic_rl.engines.build_lock import await_build_lock
+from arctic_rl.engines.cpu_share import apply_cpu_share, cpu_now
 from arctic_rl.engines.forward import response_log_probs
 from arctic_rl.engines.lora import apply_lora, policy_weights, trainable_parameters
 from arctic_rl.engines.memory import MemoryMark, freed_memory_returned
@@ -118,6 +119,8 @@ class TrainingWorker:
 
     @reports_start_failure(lambda self, config_json, rank, world_size, trainable=True: _engine_name(trainable, rank))
     def __init__(self, config_json: str, rank: int, world_size: int, trainable: bool = True):
+        # First: torch's threads start on its first parallel region, with the cores and count given here.
+        self.cpu = apply_cpu_share() if accelerator() == "cpu" else None
         self.cfg = ArcticRLClientConfig.from_json(config_json)
         self.rank, self.world_size, self.trainable = rank, world_size, trainable
         self.engine: Any = None  # the DeepSpeed engine, made in setup()
@@ -229,6 +232,7 @@ class TrainingWorker:
             "host": socket.gethostname(),
             "node_id": ray.get_runtime_context().get_node_id(),
             "gpu_ids": [str(g) for g in ray.get_gpu_ids()],
+            "cpu": cpu_now() if self.cpu is not None else None,
         }
 
     def vocab_size(self) -> int:

@@ -51,22 +51,28 @@ class Controller:
         env_vars = {k: v for k, v in env_vars.items() if v}
         self.placer = place = make_placer(cfg)
         train_cls, sample_cls = ray.remote(TrainingWorker), ray.remote(SamplingWorker)
-        env = {"env_vars": env_vars}
-        self.trainers = [
-            train_cls.options(runtime_env=env, **place.trainer(r)).remote(cfg.to_json(), r, cfg.training_gpus, True)
-            for r in range(cfg.training_gpus)
-        ]
+
+        def env(engine: str, index: int, extra: dict | None = None) -> dict:  # after the placer placed it
+            return {"env_vars": {**env_vars, **place.env(engine, index), **(extra or {})}}
+
+        self.trainers = []
+        for r in range(cfg.training_gpus):
+            opts = place.trainer(r)
+            actor = train_cls.options(runtime_env=env("training", r), **opts)
+            self.trainers.append(actor.remote(cfg.to_json(), r, cfg.training_gpus, True))
         # The reference model: dedicated workers, or one worker sharing the trainer's devices.
         n_ref = placement.num_reference_workers(cfg)
-        self.reference = [
-            train_cls.options(runtime_env=env, **place.reference(r)).remote(cfg.to_json(), r, n_ref, False)
-            for r in range(n_ref)
-        ]
+        self.reference = []
+        for r in range(n_ref):
+            opts = place.reference(r)
+            self.reference.append(
+                train_cls.options(runtime_env=env("reference", r), **opts).remote(cfg.to_json(), r, n_ref, False)
+            )
         self.samplers = []
         for i in range(cfg.num_sampling_replicas):
             opts, tp_env = place.sampler(i)
             self.samplers.append(
-                sample_cls.options(runtime_env={"env_vars": {**env_vars, **tp_env}}, **opts).remote(cfg.to_json(), i)
+                sample_cls.options(runtime_env=env("sampling", i, tp_env), **opts).remote(cfg.to_json(), i)
             )
         # Each DeepSpeed group meets at its rank 0's node (ranks may be on different nodes).
         setups = []

@@ -41,8 +41,10 @@ def deploy(cfg: ArcticRLClientConfig) -> tuple[ArcticRLClientConfig, ray.actor.A
         # The running deployment's own config (its server rules), reached the way this caller asked.
         running = ArcticRLClientConfig.from_json(cast(str, ray.get(handle.config_json.remote())))
         return running.model_copy(update={"host": cfg.host, "port": cfg.port, "auth_token": cfg.auth_token}), handle
-    # checkpoint_root's default is resolved here, where the deployment is started (job dir or ./runs).
-    cfg = cfg.with_new_job_id().model_copy(update={"ray_address": address, "server": cfg.server.resolved()})
+    # checkpoint_root's default (job dir or ./runs) and the CPU thread count (OMP_NUM_THREADS) are resolved here,
+    # where the deployment is started.
+    update = {"ray_address": address, "server": cfg.server.resolved(), "cpu": cfg.cpu.resolved()}
+    cfg = cfg.with_new_job_id().model_copy(update=update)
     assert cfg.job_id
     t0 = time.time()
     handle = (

@@ -12,14 +12,17 @@ three per device); a sampler with tensor parallelism sits in its first bundle wi
 Ray executor puts its TP workers on the replica's bundles (VLLM_RAY_BUNDLE_INDICES).
 
 CPU clusters: cpu_bundle_count STRICT_SPREAD groups of token bundles (one per node each), dealt at deploy time
-over the nodes Ray put them on (that part depends on Ray's answer, so it is placers.py's).
+over the nodes Ray put them on (that part depends on Ray's answer, so it is placers.py's). A token reserves no
+core, so cpu_shares says what each engine computes on: its thread count and, with `cpu.split`, which of its
+node's cores.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from arctic_rl.config import ArcticRLClientConfig
+from arctic_rl.config import ArcticRLClientConfig, CpuConfig
+from arctic_rl.errors import ConfigError
 
 GPU_SHARE = 0.3  # of a bundle's GPU per actor: trainer + reference + one sampler (TP worker) fit on one device
 BUNDLE = {"GPU": 1, "CPU": 1}
@@ -106,3 +109,33 @@ def gpu_layout(cfg: ArcticRLClientConfig) -> GpuLayout:
         )
         samplers.append(Slot("sampling", i, sample_pool, first, 0.0, bundles, env))
     return GpuLayout(pools, trainers, refs, tuple(samplers))
+
+
+@dataclass(frozen=True)
+class CpuShare:
+    """What one engine actor computes on, on a CPU node: `threads` (its OMP_NUM_THREADS and torch's intra-op
+    threads) and, when pinned, the slice [start, stop) of the node's cores in ascending order (None: not pinned)."""
+
+    threads: int
+    cores: tuple[int, int] | None = None
+
+
+def cpu_shares(node_cpus: float, cpu: CpuConfig) -> dict[str, CpuShare]:
+    """Each engine's share of a node with `node_cpus` cores (Ray's CPU count of the node). Not split: every engine
+    may use every core; the sync loop runs one engine at a time, so the one computing has the whole node. Split
+    (async: the sampler generates while the trainer trains): the sampler pinned to the first `sampler_cores`
+    cores, the trainer and the reference model (which computes when the trainer does not) to the rest, so neither
+    steals the other's cores. `cpu.threads` caps every count. A one-core node cannot be split: shared."""
+    n = max(1, int(node_cpus))
+    if not cpu.split or n < 2:
+        t = min(n, cpu.threads or n)
+        return {e: CpuShare(t) for e in ("training", "reference", "sampling")}
+    k = cpu.sampler_cores or max(1, n // 2)
+    if k >= n:
+        raise ConfigError(
+            f"cpu.sampler_cores={k} leaves no core for the trainer on a node with {n} CPUs: "
+            f"set it below {n}, or cpu.split=false"
+        )
+    sampling = CpuShare(min(k, cpu.threads or k), (0, k))
+    training = CpuShare(min(n - k, cpu.threads or n - k), (k, n))
+    return {"training": training, "reference": training, "sampling": sampling}

@@ -7,6 +7,7 @@ from __future__ import annotations
 import ray
 
 from arctic_rl.config import ArcticRLClientConfig
+from arctic_rl.engines.cpu_share import share_env
 from arctic_rl.errors import ConfigError
 from arctic_rl.server import placement
 
@@ -18,7 +19,7 @@ def make_placer(cfg: ArcticRLClientConfig) -> CpuPlacer | GpuPlacer:
 
 class CpuPlacer:
     """CPU clusters: token bundles (0.01 CPU: no real reservation, all
-    engines share the cores). Each engine's workers are dealt over the nodes: trainer rank r and sampler
+    engines share the cores; what each computes on is its `placement.cpu_shares` share, in its environment). Each engine's workers are dealt over the nodes: trainer rank r and sampler
     replica r go to node r mod N, so a multi-node CPU cluster runs trainer ranks and sampler replicas on every
     node. The tokens come from STRICT_SPREAD groups (one token per node each, as many groups as engines), so
     every node holds a token for any engine dealt to it; the GCS places bundles from its own view of the
@@ -45,14 +46,20 @@ class CpuPlacer:
             for b, node in sorted(placement_group_table(pg)["bundles_to_node_id"].items()):
                 by_node.setdefault(node, []).append((pg, b))
         self.queues = [by_node[k] for k in sorted(by_node)]
+        self.nodes = sorted(by_node)
+        cpus = {node["NodeID"]: node["Resources"].get("CPU", 1) for node in ray.nodes() if node["Alive"]}
+        self.shares = {node: placement.cpu_shares(cpus.get(node, 1), cfg.cpu) for node in self.nodes}
+        self.envs: dict[tuple[str, int], dict[str, str]] = {}
         self.num_trainers = cfg.training_gpus
 
-    def _take(self, slot: int) -> dict:
+    def _take(self, slot: int, engine: str, index: int) -> dict:
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         n = len(self.queues)
-        queue = next(self.queues[(slot + k) % n] for k in range(n) if self.queues[(slot + k) % n])
-        pg, bundle = queue.pop(0)
+        q = next((slot + k) % n for k in range(n) if self.queues[(slot + k) % n])
+        pg, bundle = self.queues[q].pop(0)
+        share = self.shares[self.nodes[q]][engine]
+        self.envs[(engine, index)] = share_env(share.threads, share.cores)
         return {
             "num_cpus": 0,
             "scheduling_strategy": PlacementGroupSchedulingStrategy(
@@ -61,13 +68,17 @@ class CpuPlacer:
         }
 
     def trainer(self, rank: int) -> dict:
-        return self._take(rank)
+        return self._take(rank, "training", rank)
 
     def reference(self, rank: int) -> dict:
-        return self._take(self.num_trainers + rank)
+        return self._take(self.num_trainers + rank, "reference", rank)
 
     def sampler(self, replica: int) -> tuple[dict, dict]:
-        return self._take(replica), {}
+        return self._take(replica, "sampling", replica), {}
+
+    def env(self, engine: str, index: int) -> dict[str, str]:
+        """The actor environment of an engine placed before: its share of its node's cores."""
+        return self.envs[(engine, index)]
 
     def release(self) -> None:
         from ray.util.placement_group import remove_placement_group
@@ -118,6 +129,9 @@ class GpuPlacer:
     def sampler(self, replica: int) -> tuple[dict, dict]:
         slot = self.layout.samplers[replica]
         return self._opts(slot), dict(slot.env)
+
+    def env(self, engine: str, index: int) -> dict[str, str]:
+        return {}  # GPU engines: Ray's CPU threads (OMP_NUM_THREADS of the deployment, else 1)
 
     def release(self) -> None:
         from ray.util.placement_group import remove_placement_group

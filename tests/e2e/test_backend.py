@@ -50,8 +50,15 @@ def rollout(client, seed=0):
 
 @pytest.fixture(scope="module", params=["ray", "http"])
 def client(request, ray_cluster, tiny_llama):
-    extra = {"auth_token": "s3cret", "port": 7311} if request.param == "http" else {}
-    c = create_arctic_rl_client(make_config(tiny_llama, comm_protocol=request.param, **extra))
+    # The two CPU layouts (test_engines_compute_on_their_share_of_the_cores): over Ray, the default (every engine
+    # on every core: OMP_NUM_THREADS, which make test sets to 1, unset where it deploys); over HTTP, split cores.
+    extra = {"auth_token": "s3cret", "port": 7311, "cpu": {"split": True}} if request.param == "http" else {}
+    omp = os.environ.pop("OMP_NUM_THREADS", None) if request.param == "ray" else None
+    try:
+        c = create_arctic_rl_client(make_config(tiny_llama, comm_protocol=request.param, **extra))
+    finally:
+        if omp is not None:
+            os.environ["OMP_NUM_THREADS"] = omp
     yield c
     c.shutdown()
 
@@ -85,6 +92,21 @@ def test_generate_train_sync_scenario(client):
     sampler = client.sampler_log_probs(seqs, lens)
     for i, row in enumerate(sampler):
         assert torch.allclose(torch.tensor(row), new[i, : len(row)], atol=FP32_TOL)
+
+
+def test_engines_compute_on_their_share_of_the_cores(client):
+    """Ray starts an actor that asks for no CPUs with one OpenMP thread; each engine instead computes on its
+    share of the node (the ray_cluster head offers 2 CPUs): every core when not split, else the sampler on the
+    first core and the trainer and reference on the second, so async generation and training never contend."""
+    cores = sorted(os.sched_getaffinity(0))[:2]
+    cpu = {name: e["cpu"] for name, e in client.health()["engines"].items()}
+    assert set(cpu) == {"training[0]", "reference[0]", "sampling[0]"}, cpu
+    if client.config.cpu.split:
+        assert cpu["sampling[0]"] == {"threads": 1, "cores": cores[:1]}, cpu
+        assert cpu["training[0]"] == cpu["reference[0]"] == {"threads": 1, "cores": cores[1:]}, cpu
+    else:
+        assert client.config.cpu.threads is None
+        assert all(c["threads"] == 2 and c["cores"] == sorted(os.sched_getaffinity(0)) for c in cpu.values()), cpu
 
 
 def test_bad_batches_are_rejected_with_the_key(client):
