@@ -23,6 +23,12 @@ bash scripts/setup_env.sh
 # The two-host Slurm of the jobs tests, from nothing; where this kernel refuses namespaces (exit 3, reason in
 # /run/arctic-slurm-cluster.refused) the one-node Slurm, and the multi-node tests skip naming the reason.
 bash scripts/slurm_cluster.sh purge
+# Ray temp folders of earlier runs' Slurm jobs (<job>-<attempt>-<rank>, jobs/bootstrap.py): a job attempt that a
+# test killed (node loss, preemption) cannot remove its own, and the purged Slurm numbers its jobs from 1 again,
+# so the next run's jobs would meet them under the same names. Those no running process names are removed.
+for d in "/tmp/arctic-rl-ray-$(id -u)"/[0-9]*-[0-9]*-[0-9]*; do
+  [ -d "$d" ] && ! pgrep -f -- "$d" >/dev/null && rm -rf -- "$d"
+done
 bash scripts/slurm_cluster.sh up --nodes 2 || { rc=$?; [ "$rc" -eq 3 ] || exit "$rc"; bash scripts/slurm_setup.sh; }
 echo "[test] ruff format --check, ruff check, mypy ..."
 .venv/bin/ruff format --check --quiet . && .venv/bin/ruff check --quiet . && .venv/bin/mypy
