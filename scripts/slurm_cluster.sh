@@ -109,7 +109,7 @@ up() {
   write_hosts "$n"
   # Every node reports the machine's CPUs and memory (slurmd -C reads no config); they overlap, as the
   # "hosts" do.
-  cpus=$(nproc); mem=$(slurmd -C | sed -n 's/.*RealMemory=\([0-9]*\).*/\1/p' | head -n 1)
+  cpus=$(machine_cpus); mem=$(slurmd -C | sed -n 's/.*RealMemory=\([0-9]*\).*/\1/p' | head -n 1)
   for i in $(seq 1 "$n"); do
     node_lines+="NodeName=$(node_name "$i") NodeAddr=$(node_addr "$i") NodeHostname=$(node_name "$i") CPUs=$cpus RealMemory=$mem State=UNKNOWN"$'\n'
   done

@@ -54,6 +54,11 @@ write_if_changed() {
 # subprocess pipe) does not wait for the daemon to exit.
 spawn() { local log=$1; shift; setsid "$@" </dev/null >>"$log" 2>&1 & }
 
+# The CPUs a node offers: those this process may run on. Not plain `nproc`, which answers OMP_NUM_THREADS (and
+# OMP_THREAD_LIMIT) when set: make test sets OMP_NUM_THREADS=1, and a node written with CPUs=1 refused the jobs
+# tests' `--cpus_per_node 2` ("CPU count per node can not be satisfied", seen in CI).
+machine_cpus() { env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc; }
+
 pid_alive() { [ -f "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
 
 stop_pidfile() {

@@ -3,6 +3,7 @@ line is not the scripts' mark is never replaced (the scripts refuse, naming the 
 
 from __future__ import annotations
 
+import os
 import subprocess
 from pathlib import Path
 
@@ -39,3 +40,12 @@ def test_the_scripts_own_configs_or_none_go_ahead(tmp_path: Path) -> None:
     ours.write_text("# Written by scripts/slurm_setup.sh (one-node cluster for CI and laptops).\n")
     assert refuse(ours, tmp_path / "absent.conf").returncode == 0
     assert refuse(tmp_path / "none.conf", tmp_path / "absent.conf").returncode == 0
+
+
+def test_nodes_offer_the_machines_cpus_whatever_openmp_says() -> None:
+    """make test exports OMP_NUM_THREADS=1 and then the multi-node fixtures run `slurm_cluster.sh up`: a node
+    written with GNU nproc's answer (1) refused the tests' two-CPU jobs."""
+    script = f"SCRIPT=test; source {LIB}; machine_cpus"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "OMP_THREAD_LIMIT": "1"}
+    out = subprocess.run(["bash", "-c", script], capture_output=True, text=True, env=env, check=True)
+    assert int(out.stdout) == len(os.sched_getaffinity(0))
