@@ -278,7 +278,7 @@ class ServerConfig(Strict):
 class CpuConfig(Strict):
     """CPU deployments only (a Ray cluster without GPUs): the cores each engine computes on. Ray starts an actor
     that asks for no CPUs with OMP_NUM_THREADS=1, so without this a trainer on an 8-core node computes on one
-    core while the other seven idle. Placement (arctic_rl.server.placement.cpu_core_slices) turns this into each
+    core while the other seven idle. Placement (arctic_rl.server.placement.cpu_shares) turns this into each
     engine's thread count and, when split, its cores."""
 
     threads: int | None = Field(

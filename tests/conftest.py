@@ -27,6 +27,18 @@ sys.path.insert(0, str(Path(__file__).parent))
 from tiny_models import make_tiny_model  # noqa: E402
 
 RAY = str(Path(sys.executable).parent / "ray")
+
+def compute_on_every_core() -> None:
+    """make test exports OMP_NUM_THREADS=1 for what the suite deploys (engines and Slurm jobs read it: two
+    deployments side by side on two cores). The test process's own torch (losses, ZoRRo, in-process engines)
+    keeps every core it may run on: one thread there made tests/unit markedly slower (docs/setup.md)."""
+    import torch
+
+    torch.set_num_threads(len(os.sched_getaffinity(0)))
+
+
+compute_on_every_core()
+
 # The suite's peak on disk: Ray's and vLLM's session files, the Slurm jobs' folders, and the models, checkpoints,
 # exports and stores of the tests running at that time.
 FREE_DISK_GIB = 8
