@@ -44,7 +44,7 @@ def main() -> None:
     from transformers import AutoTokenizer
 
     from arctic_rl.loop import run
-    from arctic_rl.loop_data import prompt_ids
+    from arctic_rl.loop.data import prompt_ids
     from recipes.toy import load_examples
 
     model = make_model(a.out / "model", hidden=256, layers=4, heads=4, kv_heads=2)

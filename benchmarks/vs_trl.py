@@ -301,7 +301,7 @@ def train_examples(cfg, tokenizer) -> list[dict]:
     """The loop's train examples (recipe options, prompts that fit the window), as arctic_rl.loop.run takes them."""
     import importlib
 
-    from arctic_rl.loop_data import fit_window
+    from arctic_rl.loop.data import fit_window
 
     recipe = importlib.import_module(f"recipes.{cfg.recipe.name}")
     examples, _ = fit_window(
@@ -312,7 +312,7 @@ def train_examples(cfg, tokenizer) -> list[dict]:
 
 def step_order(w: Workload, num_examples: int) -> list[list[int]]:
     """The example indices of each step, as the loop draws them (a function of seed and step)."""
-    from arctic_rl.loop_data import step_indices
+    from arctic_rl.loop.data import step_indices
 
     return [step_indices(s, num_examples, w.prompts_per_step, w.seed) for s in range(1, w.steps + 1)]
 
@@ -320,7 +320,7 @@ def step_order(w: Workload, num_examples: int) -> list[list[int]]:
 def trl_rows(w: Workload, examples: list[dict], tokenizer) -> list[dict]:
     """TRL's dataset: one row per prompt of each step, in the loop's order (TRL's shuffle off). `prompt` is
     the loop's prompt text (chat template + the assistant pre-fill), `idx` the example it came from."""
-    from arctic_rl.loop_data import _prompt_text
+    from arctic_rl.loop.data import _prompt_text
 
     return [
         {"prompt": _prompt_text(tokenizer, examples[i]), "idx": i}

@@ -28,6 +28,7 @@ from tiny_models import make_tiny_model  # noqa: E402
 
 RAY = str(Path(sys.executable).parent / "ray")
 
+
 def compute_on_every_core() -> None:
     """make test exports OMP_NUM_THREADS=1 for what the suite deploys (engines and Slurm jobs read it: two
     deployments side by side on two cores). The test process's own torch (losses, ZoRRo, in-process engines)

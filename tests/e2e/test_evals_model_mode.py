@@ -53,7 +53,7 @@ def test_longbench_generates_with_vllm(tiny_llama, tmp_path):
 
 def test_the_exports_bird_ex_equals_the_in_deployment_eval(ray_cluster, tmp_path):
     """The demo's deployment (the bundled 135M model, float32) takes an SFT warm-up of a few gold queries and syncs;
-    the loop's own eval (arctic_rl.loop_eval, greedy in the deployment's sampler) predicts the 32 dev questions;
+    the loop's own eval (arctic_rl.loop.evaluation, greedy in the deployment's sampler) predicts the 32 dev questions;
     the checkpoint of the same weights goes through `arctic-rl export` and `evals.bird --model` (vLLM alone, no
     trainer). Same weights and the same vLLM engine settings: the same 32 queries, so the same EX, which the
     model's few right answers keep above 0 (a comparison that can fail); the loop's accuracy is that EX too."""
@@ -61,8 +61,8 @@ def test_the_exports_bird_ex_equals_the_in_deployment_eval(ray_cluster, tmp_path
 
     from arctic_rl import create_arctic_rl_client, tracking
     from arctic_rl.cli import main as cli
-    from arctic_rl.loop_eval import evaluate
-    from arctic_rl.loop_sft import sft_warmup
+    from arctic_rl.loop.evaluation import evaluate
+    from arctic_rl.loop.sft import sft_warmup
     from arctic_rl.runconfig import load_run_config
     from evals.bird import evaluate as bird_ex
     from evals.bird import format_prediction, parse_predictions

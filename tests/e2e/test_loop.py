@@ -16,7 +16,7 @@ from repo_paths import TESTS
 from arctic_rl import create_arctic_rl_client, tracking
 from arctic_rl.batch import from_samples
 from arctic_rl.loop import run
-from arctic_rl.loop_state import STATE_FILE
+from arctic_rl.loop.state import STATE_FILE
 from arctic_rl.runconfig import load_run_config
 
 TINY = TESTS / "configs" / "tiny_loop.yaml"
@@ -84,7 +84,7 @@ def test_toy_reward():
 
 
 def test_the_loss_uses_the_sampling_temperature(tiny_llama, tmp_path):
-    from arctic_rl.loop import actor_loss_config
+    from arctic_rl.loop.grpo import actor_loss_config
 
     assert actor_loss_config(tiny_cfg(tiny_llama, tmp_path, "sampling.temperature=0.7"))["temperature"] == 0.7
     assert actor_loss_config(tiny_cfg(tiny_llama, tmp_path, "sampling.temperature=0"))["temperature"] == 1.0

@@ -98,7 +98,7 @@ def test_a_setting_changed_on_the_trl_side_is_named(sides, field, value, named):
 def test_trl_data_is_the_loops_prompts_in_the_loops_order(sides):
     from transformers import AutoTokenizer
 
-    from arctic_rl.loop_data import prompt_ids, step_indices
+    from arctic_rl.loop.data import prompt_ids, step_indices
 
     cfg, w, _ = sides
     tok = AutoTokenizer.from_pretrained(cfg.model.path)

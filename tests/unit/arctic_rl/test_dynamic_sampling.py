@@ -14,9 +14,9 @@ import pytest
 import torch
 from repo_paths import verl_module
 
-from arctic_rl import loop
 from arctic_rl.batch import from_samples
-from arctic_rl.loop_data import epoch_order, step_indices, step_seed
+from arctic_rl.loop import grpo as loop
+from arctic_rl.loop.data import epoch_order, step_indices, step_seed
 from arctic_rl.rollout import dynamic
 from arctic_rl.rollout.pipeline import Rollout
 from arctic_rl.runconfig import parse_run_config

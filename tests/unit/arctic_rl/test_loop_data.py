@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from tiny_models import make_tokenizer
 
-from arctic_rl.loop_data import fit_window, prompt_ids
+from arctic_rl.loop.data import fit_window, prompt_ids
 
 
 def test_prompts_at_or_past_the_window_are_left_out(tmp_path):

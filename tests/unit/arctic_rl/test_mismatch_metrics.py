@@ -129,7 +129,7 @@ def test_empty_and_misshapen_inputs():
 
 @pytest.mark.parametrize("async_", [False, True])
 def test_the_loop_logs_the_mismatch_with_each_rollouts_staleness(async_, tmp_path):
-    from arctic_rl.loop import step_mismatch
+    from arctic_rl.loop.grpo import step_mismatch
     from arctic_rl.rollout.pipeline import Rollout
     from arctic_rl.runconfig import load_run_config
 

@@ -9,8 +9,8 @@ from repo_paths import REPO
 
 from arctic_rl.cli import main as cli_main
 from arctic_rl.errors import ConfigError
-from arctic_rl.loop_data import step_indices, step_seed
-from arctic_rl.loop_state import latest_checkpoint
+from arctic_rl.loop.data import step_indices, step_seed
+from arctic_rl.loop.state import latest_checkpoint
 from arctic_rl.runconfig import apply_overrides, load_run_config, parse_run_config
 
 ROOT = REPO

@@ -14,7 +14,7 @@ from mlflow.tracking import MlflowClient
 from arctic_rl import tracking
 from arctic_rl.config import ArcticRLClientConfig, record_deployment
 from arctic_rl.errors import BatchFormatError, ConfigError
-from arctic_rl.loop import open_tracker
+from arctic_rl.loop.grpo import open_tracker
 from arctic_rl.runconfig import parse_run_config
 
 TOKEN = "tok-5ecret-do-not-leak"

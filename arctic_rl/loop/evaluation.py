@@ -12,7 +12,7 @@ import numpy as np
 
 from arctic_rl import tracking
 from arctic_rl.client.client import ArcticRLClient
-from arctic_rl.loop_data import prompt_ids
+from arctic_rl.loop.data import prompt_ids
 from arctic_rl.rewards import score_all
 from arctic_rl.runconfig import RunConfig
 

@@ -25,11 +25,12 @@ the data order and sampling seeds are functions of (seed, step), and the sampler
 Eval (eval.split): before step 1, every eval.every steps and after the last step.
 SFT warm-up (sft_warmup.epochs > 0, fresh runs only): eval, supervised passes, sync, then the GRPO steps above.
 
-The stages and the saved state live beside this file:
-  loop_data.py   data order and sampling seeds (pure functions of (seed, step)), prompt tokens
-  loop_state.py  checkpoints: LoopState, RNG states, loop_state.json written last and atomically
-  loop_eval.py   greedy eval on a held-out split (eval/accuracy, eval/reward/mean)
-  loop_sft.py    the SFT warm-up stage
+The stages and the saved state live beside this file (arctic_rl/loop/):
+  data.py        data order and sampling seeds (pure functions of (seed, step)), prompt tokens
+  state.py       checkpoints: LoopState, RNG states, loop_state.json written last and atomically
+  evaluation.py  greedy eval on a held-out split (eval/accuracy, eval/reward/mean)
+  sft.py         the SFT warm-up stage
+and beside the package:
   tracking.py    MLflow metric names, the Tracker, the reward-curve plot
 Departures from verl: mini-batches are not reshuffled between PPO epochs; no critic.
 """
@@ -52,10 +53,10 @@ from arctic_rl.batch import from_samples, group_rows, select_rows
 from arctic_rl.client.client import ArcticRLClient, create_arctic_rl_client
 from arctic_rl.client.sleep import EngineSleep
 from arctic_rl.errors import ConfigError
-from arctic_rl.loop_data import fit_window, prompt_ids, step_indices, step_seed
-from arctic_rl.loop_eval import LoopEvals
-from arctic_rl.loop_sft import sft_warmup
-from arctic_rl.loop_state import LoopState, flush_metrics, load_checkpoint, resume_path, save_checkpoint
+from arctic_rl.loop.data import fit_window, prompt_ids, step_indices, step_seed
+from arctic_rl.loop.evaluation import LoopEvals
+from arctic_rl.loop.sft import sft_warmup
+from arctic_rl.loop.state import LoopState, flush_metrics, load_checkpoint, resume_path, save_checkpoint
 from arctic_rl.losses.mismatch import mismatch_metrics
 from arctic_rl.rewards import score_all
 from arctic_rl.rollout import dynamic

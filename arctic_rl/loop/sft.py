@@ -13,7 +13,7 @@ from arctic_rl import tracking
 from arctic_rl.batch import from_samples
 from arctic_rl.client.client import ArcticRLClient
 from arctic_rl.errors import ConfigError
-from arctic_rl.loop_data import epoch_order, prompt_ids
+from arctic_rl.loop.data import epoch_order, prompt_ids
 from arctic_rl.runconfig import RunConfig
 
 
