@@ -397,11 +397,34 @@ def parse_run_config(data: dict, overrides: list[str] | None = None, source: str
 
 
 def load_run_config(path: str | Path, overrides: list[str] | None = None) -> RunConfig:
-    path = Path(path)
+    """A run config file, with `base: OTHER.yaml` (a path relative to the file) read first and this file's keys
+    merged over it: mappings key by key, anything else (lists included) replaced. A variant of a config (the async
+    demo of the sync one) then says only what differs."""
+    return parse_run_config(_read_with_bases(Path(path), ()), overrides, source=str(path))
+
+
+def _read_with_bases(path: Path, seen: tuple[Path, ...]) -> dict:
     if not path.is_file():
-        raise ConfigError(f"run config {str(path)!r} does not exist")
+        where = f" (base of {str(seen[-1])!r})" if seen else ""
+        raise ConfigError(f"run config {str(path)!r}{where} does not exist")
+    if path.resolve() in seen:
+        chain = " -> ".join(str(p) for p in (*seen, path.resolve()))
+        raise ConfigError(f"run config {str(path)!r}: `base` loops back to itself ({chain})")
     try:
         data = yaml.safe_load(path.read_text()) or {}
     except yaml.YAMLError as e:
         raise ConfigError(f"run config {str(path)!r} is not valid YAML: {e}") from None
-    return parse_run_config(data, overrides, source=str(path))
+    if not isinstance(data, dict) or "base" not in data:
+        return data
+    base = data.pop("base")
+    if not isinstance(base, str) or not base:
+        raise ConfigError(f"run config {str(path)!r}: base must be a config file's path, got {base!r}")
+    return _merge(_read_with_bases(path.parent / base, (*seen, path.resolve())), data)
+
+
+def _merge(under: dict, over: dict) -> dict:
+    out = dict(under)
+    for key, value in over.items():
+        below = out.get(key)
+        out[key] = _merge(below, value) if isinstance(below, dict) and isinstance(value, dict) else value
+    return out

@@ -146,3 +146,48 @@ def test_model_dtype_auto_is_bf16_only_where_the_machine_computes_it(monkeypatch
     assert cfg.training_config.dtype == ("bfloat16" if native else "float32")
     for demo in ("text2sql", "longqa"):
         assert load_run_config(ROOT / f"recipes/{demo}/configs/cpu_demo.yaml").model.dtype == "auto"
+
+
+def test_base_config_is_read_first_and_merged_key_by_key(tmp_path: Path) -> None:
+    (tmp_path / "base.yaml").write_text(
+        "model: {name_or_path: demo}\ntrain: {steps: 2, prompts_per_step: 2}\n"
+        "recipe: {name: text2sql, options: {limit: 20, difficulties: [simple]}}\n"
+        "sampling: {n: 8, stop: ['```']}\nloss: {name: grpo, config: {clip_ratio_low: 0.2}}\n"
+    )
+    (tmp_path / "variant.yaml").write_text(
+        "base: base.yaml\nrecipe: {options: {difficulties: null}}\nsampling: {stop: ['x']}\n"
+        "loss: {config: {rollout_is: token}}\n"
+    )
+    cfg = load_run_config(tmp_path / "variant.yaml", ["sampling.n=4"])
+    assert cfg.recipe.options == {"limit": 20, "difficulties": None}  # merged, null replaces
+    assert cfg.sampling.stop == ["x"] and cfg.sampling.n == 4  # lists replaced; overrides last
+    assert cfg.loss.config == {"clip_ratio_low": 0.2, "rollout_is": "token"}
+
+
+def test_a_base_that_loops_or_is_missing_is_refused_naming_it(tmp_path: Path) -> None:
+    (tmp_path / "a.yaml").write_text("base: b.yaml\n")
+    (tmp_path / "b.yaml").write_text("base: a.yaml\n")
+    with pytest.raises(ConfigError, match="loops back to itself"):
+        load_run_config(tmp_path / "a.yaml")
+    (tmp_path / "c.yaml").write_text("base: gone.yaml\n")
+    with pytest.raises(ConfigError, match=r"gone.yaml' \(base of .*c.yaml'\) does not exist"):
+        load_run_config(tmp_path / "c.yaml")
+    (tmp_path / "d.yaml").write_text("base: [a.yaml]\n")
+    with pytest.raises(ConfigError, match="base must be a config file's path"):
+        load_run_config(tmp_path / "d.yaml")
+
+
+def test_the_async_cpu_demo_is_the_sync_one_plus_async() -> None:
+    configs = REPO / "recipes" / "text2sql" / "configs"
+    sync_cfg, variant_cfg = (load_run_config(configs / name) for name in ("cpu_demo.yaml", "cpu_demo_async.yaml"))
+    assert variant_cfg.client_config().cpu.split and not sync_cfg.client_config().cpu.split  # disjoint cores
+    sync, variant = sync_cfg.model_dump(), variant_cfg.model_dump()
+    differ = {k for k in sync if sync[k] != variant[k]}
+    assert differ == {"async_", "loss", "tracking"}, differ
+    assert variant["async_"] == {"enable": True, "max_staleness": 1}
+    assert variant["loss"]["name"] == sync["loss"]["name"]
+    assert {k: variant["loss"]["config"][k] for k in sync["loss"]["config"]} == sync["loss"]["config"]
+    assert {k: v for k, v in variant["loss"]["config"].items() if k not in sync["loss"]["config"]} == {
+        "rollout_is": "token",
+        "rollout_is_threshold": 2.0,
+    }
