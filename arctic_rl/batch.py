@@ -13,6 +13,8 @@ Shapes legend: B rows, T = P + R total columns, P prompt columns, R response col
   ref_log_prob     [B, R]   float   optional; reference policy log-probs (KL penalty)
   rollout_log_probs[B, R]   float   optional; sampler log-probs (decoupled / off-policy correction)
   weights          [B, R]   float   optional; per-token loss weights (the Tinker losses' cross_entropy)
+  rollout_policy_version [B, R] int optional; the policy version that sampled each response token (partial
+                                    rollouts, arctic_rl/rollout/partial.py); -1 on padding; no op reads it
   uid              [B]      str     the prompt group of each row (a list of strings, or ints)
 
 No other key is accepted; each row's tokens (prompt + response) are at most the deployment's max_seq_len, and
@@ -34,7 +36,7 @@ from arctic_rl.errors import BatchFormatError
 Batch = dict[str, Any]
 
 FLOAT_KEYS = ("old_log_probs", "advantages", "ref_log_prob", "rollout_log_probs", "weights")
-INT_KEYS = ("input_ids", "attention_mask", "position_ids", "responses", "response_mask")
+INT_KEYS = ("input_ids", "attention_mask", "position_ids", "responses", "response_mask", "rollout_policy_version")
 LOG_PROBS_KEYS = ("input_ids", "attention_mask", "responses")
 TRAIN_KEYS = ("input_ids", "attention_mask", "responses", "response_mask")
 MASK_KEYS = ("attention_mask", "response_mask")
@@ -98,6 +100,7 @@ def validate_batch(
         "ref_log_prob": (B, R),
         "rollout_log_probs": (B, R),
         "weights": (B, R),
+        "rollout_policy_version": (B, R),
     }
     for key, shape in expect.items():
         if key in batch and tuple(batch[key].shape) != shape:
@@ -236,6 +239,8 @@ def from_samples(samples: list[dict], uids: list, pad_token_id: int = 0) -> Batc
     ids = torch.full((B, P + R), pad_token_id, dtype=torch.long)
     attn = torch.zeros(B, P + R, dtype=torch.long)
     rlp = torch.zeros(B, R)
+    # Partial rollouts: the policy version that produced each response token (-1: padding).
+    versions = torch.full((B, R), -1, dtype=torch.long) if any("token_versions" in s for s in samples) else None
     for i, s in enumerate(samples):
         p, r = s["prompt_token_ids"], s["token_ids"]
         ids[i, P - len(p) : P] = torch.tensor(p, dtype=torch.long)
@@ -245,7 +250,9 @@ def from_samples(samples: list[dict], uids: list, pad_token_id: int = 0) -> Batc
             attn[i, P : P + len(r)] = 1
             if s.get("logprobs"):
                 rlp[i, : len(r)] = torch.tensor(s["logprobs"], dtype=torch.float32)
-    return {
+            if versions is not None and s.get("token_versions"):
+                versions[i, : len(r)] = torch.tensor(s["token_versions"], dtype=torch.long)
+    out = {
         "input_ids": ids,
         "attention_mask": attn,
         "responses": ids[:, P:].clone(),
@@ -253,3 +260,6 @@ def from_samples(samples: list[dict], uids: list, pad_token_id: int = 0) -> Batc
         "rollout_log_probs": rlp,
         "uid": list(uids),
     }
+    if versions is not None:
+        out["rollout_policy_version"] = versions
+    return out

@@ -116,6 +116,23 @@ class ReferenceConfig(Strict):
 class AsyncConfig(Strict):
     enable: bool = False
     max_staleness: int = Field(1, ge=1, description="policy versions between the sampler and the trainer")
+    partial_rollouts: bool = Field(
+        False,
+        description="generate continuously in chunks: a weight sync lands between chunks and unfinished samples "
+        "continue under the new weights, keeping their tokens (arctic_rl.rollout.partial); needs enable",
+    )
+    chunk_tokens: int = Field(16, ge=1, description="with partial_rollouts: tokens per sample per generate call")
+    stale: Literal["regenerate", "drop"] = Field(
+        "regenerate",
+        description="with partial_rollouts: a sample older than max_staleness versions is generated again, or "
+        "its group dropped",
+    )
+
+    @model_validator(mode="after")
+    def _partial_needs_async(self):
+        if self.partial_rollouts and not self.enable:
+            raise ValueError("partial_rollouts=true needs async.enable=true (sync rollouts finish within a step)")
+        return self
 
 
 class FilterGroupsConfig(Strict):

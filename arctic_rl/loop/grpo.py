@@ -60,6 +60,7 @@ from arctic_rl.loop.state import LoopState, flush_metrics, load_checkpoint, resu
 from arctic_rl.losses.mismatch import mismatch_metrics
 from arctic_rl.rewards import score_all
 from arctic_rl.rollout import dynamic
+from arctic_rl.rollout.partial import PartialRollouts
 from arctic_rl.rollout.pipeline import AsyncRollouts, Request, Rollout, SyncRollouts
 from arctic_rl.runconfig import RunConfig
 
@@ -239,6 +240,7 @@ def train_step(
     gathered: dict[str, float],
     pad_id: int,
     before_sync,
+    after_sync=lambda: None,
 ) -> dict[str, float]:
     n = cfg.sampling.n
     t = {k: gathered[k] for k in ("gen", "reward")}
@@ -278,8 +280,9 @@ def train_step(
     t["update_actor"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
-    before_sync()  # async: rollouts in flight finish on the weights they started with
+    before_sync()  # async: rollouts in flight finish on the weights they started (partial: the chunk in flight)
     client.sync_weights()
+    after_sync()  # partial rollouts: unfinished samples continue under the new weights
     t["update_weights"] = time.perf_counter() - t0
 
     metrics = {f"{tracking.TIMING_PREFIX}{k}": v for k, v in t.items()}
@@ -290,6 +293,10 @@ def train_step(
     metrics[tracking.REWARD_MEAN] = float(scores_B.mean())
     metrics[tracking.RESPONSE_LENGTH_MEAN] = float(lengths.mean())
     metrics["async/staleness"] = float(rollout.step - 1 - rollout.version)
+    if "rollout_policy_version" in batch:  # partial rollouts: how many rows mix tokens of several versions
+        v = batch["rollout_policy_version"].masked_fill(batch["rollout_policy_version"] < 0, 2**62)
+        oldest, newest = v.min(-1).values, batch["rollout_policy_version"].max(-1).values
+        metrics["async/partial_fraction"] = float((newest > oldest).float().mean())
     metrics["async/gen_s"] = rollout.gen_s
     metrics["_num_tokens"] = float(batch["attention_mask"].sum())
     return metrics
@@ -369,17 +376,31 @@ def run(
         exs = [examples[i] for i in step_indices(step, len(examples), per_step, cfg.seed, draw)]
         return [prompt_ids(tokenizer, ex) for ex in exs], {**sampling, "seed": step_seed(cfg.seed, step, draw)}, exs
 
-    rollouts = (
-        AsyncRollouts(client, make_request, cfg.async_.max_staleness, last)
-        if cfg.async_.enable
-        else SyncRollouts(client, make_request)
-    )
+    a = cfg.async_
+    rollouts: SyncRollouts | AsyncRollouts | PartialRollouts
+    if a.enable and a.partial_rollouts:
+        rollouts = PartialRollouts(
+            client,
+            make_request,
+            a.max_staleness,
+            last,
+            a.chunk_tokens,
+            a.stale,
+            decode=lambda ids: str(tokenizer.decode(ids, skip_special_tokens=True)),
+        )
+    elif a.enable:
+        rollouts = AsyncRollouts(client, make_request, a.max_staleness, last)
+    else:
+        rollouts = SyncRollouts(client, make_request)
     evals = LoopEvals(cfg, client, recipe, tokenizer, tracker, quiet)
     history: list[dict[str, float]] = []
 
     def before_sync() -> None:
         rollouts.before_sync()
         sleep.before_sync()
+
+    def after_sync() -> None:
+        rollouts.after_sync()
 
     status = "FAILED"
     bar = tqdm(
@@ -400,7 +421,7 @@ def run(
             sleep.before_gen()
             rollout, scores, gathered = gather(cfg, client, recipe, rollouts.get(step), make_request)
             sleep.after_gen()
-            metrics = train_step(cfg, client, rollout, scores, gathered, pad_id, before_sync)
+            metrics = train_step(cfg, client, rollout, scores, gathered, pad_id, before_sync, after_sync)
             metrics[tracking.TIMING_STEP] = time.perf_counter() - t0
             tokens = metrics[tracking.PERF_TOTAL_NUM_TOKENS] = metrics.pop("_num_tokens")
             metrics[tracking.PERF_THROUGHPUT] = tokens / metrics[tracking.TIMING_STEP] / num_gpus

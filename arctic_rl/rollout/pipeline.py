@@ -16,6 +16,9 @@ trainer weights (the proximal policy), and sets `rollout_is: token` in the loss_
 run config chose otherwise; the policy ratio is clipped against the proximal policy and each token
 is weighted by the truncated pi_prox / pi_behaviour (see arctic_rl/losses/grpo.py).
 
+Partial rollouts (`async.partial_rollouts: true`): arctic_rl/rollout/partial.py, where a sync lands between
+chunks of the rollouts in flight instead of after them.
+
 Known limit: a checkpoint does not hold in-flight rollouts; a resumed async run regenerates them
 with the resumed weights, so its next steps are not bit-equal to an uninterrupted async run (the
 sync loop's resume is exact).
@@ -48,6 +51,10 @@ class Rollout:
 
     def row_versions(self, n: int) -> list[int]:
         """The policy version of each sample (n per example, prompt-major)."""
+        if (
+            self.samples and "token_versions" in self.samples[0]
+        ):  # partial rollouts: a row is as old as its oldest token
+            return [min(s["token_versions"], default=self.version) for s in self.samples]
         if self.group_versions is None:
             return [self.version] * len(self.samples)
         return [v for v in self.group_versions for _ in range(n)]
@@ -65,6 +72,9 @@ class SyncRollouts:
         return Rollout(step, examples, samples, version=step - 1, wait_s=dt, gen_s=dt)
 
     def before_sync(self) -> None:
+        pass
+
+    def after_sync(self) -> None:
         pass
 
     def close(self) -> None:
@@ -111,6 +121,9 @@ class AsyncRollouts:
     def before_sync(self) -> None:
         for fut, *_ in self.inflight.values():
             fut.result()
+
+    def after_sync(self) -> None:
+        pass
 
     def close(self) -> None:
         for fut, *_ in self.inflight.values():
