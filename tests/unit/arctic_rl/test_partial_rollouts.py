@@ -117,7 +117,9 @@ def test_a_sync_lands_mid_rollout_and_samples_continue_from_their_own_tokens() -
         versions = s["token_versions"]
         assert versions[0] == 0 and versions[-1] == 1 and versions == sorted(versions)
         for i, (t, v) in enumerate(zip(s["token_ids"], versions)):
-            assert t == (next_token(s["prompt_token_ids"] + s["token_ids"][:i], v) or 1)  # the exact prefix, that version
+            assert t == (
+                next_token(s["prompt_token_ids"] + s["token_ids"][:i], v) or 1
+            )  # the exact prefix, that version
         assert s["logprobs"] == [-0.1 * (v + 1) for v in versions]  # each token's behaviour log-prob, its version
     assert rollout.version == 0 and rollout.row_versions(2) == [0] * len(rollout.samples)
     batch = from_samples(rollout.samples, list(range(len(rollout.samples))))
