@@ -149,19 +149,17 @@ class PartialRollouts:
             self._inflight = None
             try:
                 out = fut.result()
-            except BaseException as e:  # noqa: BLE001 - handed to whoever waits next
+                if targets is None:
+                    n = st.params.get("n", 1)
+                    st.samples = [_Sample(list(p)) for p in st.prompts for _ in range(n)]
+                    targets = st.samples
+                for s, o in zip(targets, out, strict=True):
+                    self._append(st, s, o, version)
+                if st.done():
+                    st.gen_s = time.perf_counter() - st.submitted
+                self._pump()
+            except BaseException as e:  # noqa: BLE001 - raised to whoever waits (a callback's error would be lost)
                 self._error = e
-                self._cv.notify_all()
-                return
-            if targets is None:
-                n = st.params.get("n", 1)
-                st.samples = [_Sample(list(p)) for p in st.prompts for _ in range(n)]
-                targets = st.samples
-            for s, o in zip(targets, out):
-                self._append(st, s, o, version)
-            if st.done():
-                st.gen_s = time.perf_counter() - st.submitted
-            self._pump()
             self._cv.notify_all()
 
     def _append(self, st: _Step, s: _Sample, o: dict, version: int) -> None:
@@ -209,7 +207,8 @@ class PartialRollouts:
         self._wait(lambda: self.steps[step].done())
         st = self.steps[step]
         self._enforce_staleness(st)
-        self.steps.pop(step)
+        with self._cv:  # the chain iterates the steps under the lock
+            self.steps.pop(step)
         samples = [s.as_dict() for s in st.samples]
         oldest = min((v for s in st.samples for v in s.versions), default=self.version)
         return Rollout(step, st.examples, samples, version=oldest, wait_s=time.perf_counter() - t0, gen_s=st.gen_s)
@@ -253,4 +252,5 @@ class PartialRollouts:
             self._wait(lambda: self._inflight is None)
         except BaseException:  # noqa: BLE001 - a failed look-ahead chunk is no longer needed
             pass
-        self.steps.clear()
+        with self._cv:
+            self.steps.clear()

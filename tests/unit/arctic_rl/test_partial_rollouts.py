@@ -6,6 +6,7 @@ tests/e2e/test_partial_rollouts.py."""
 from __future__ import annotations
 
 import hashlib
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -181,3 +182,47 @@ def test_partial_rollouts_need_async() -> None:
     with pytest.raises(ConfigError, match="partial_rollouts=true needs async.enable=true"):
         parse_run_config({**base, "async": {"partial_rollouts": True}})
     assert parse_run_config({**base, "async": {"enable": True, "partial_rollouts": True}}).async_.chunk_tokens >= 1
+
+
+def test_a_failed_chunk_is_raised_to_the_loop_not_lost_in_a_callback() -> None:
+    class Broken(ToySampler):
+        def generate(self, prompts, params):
+            if "seed" not in params:  # the first continuation chunk
+                raise RuntimeError("sampler died")
+            return super().generate(prompts, params)
+
+    r = PartialRollouts(Broken(eos=False), request([]), 1, 2, 4)  # type: ignore[arg-type]
+    raised = get_within(r, 1)
+    assert isinstance(raised, RuntimeError) and "sampler died" in str(raised)
+    r.close()
+
+
+def get_within(r: PartialRollouts, step: int, timeout_s: float = 20.0) -> BaseException | None:
+    """r.get(step) in a thread: what it raised (None if it returned); fails the test if it hangs."""
+    raised: list[BaseException] = []
+
+    def get() -> None:
+        try:
+            r.get(step)
+        except BaseException as e:  # noqa: BLE001
+            raised.append(e)
+
+    t = threading.Thread(target=get, daemon=True)
+    t.start()
+    t.join(timeout=timeout_s)
+    assert not t.is_alive(), f"get({step}) hung on a chunk that failed"
+    return raised[0] if raised else None
+
+
+def test_an_answer_that_breaks_the_chain_is_raised_not_hung_on() -> None:
+    """A chunk whose answer cannot be applied (here: fewer samples than asked) fails get(); the error is raised
+    in a Future's callback thread, where it would otherwise be lost and get() wait forever."""
+
+    class Short(ToySampler):
+        def generate(self, prompts, params):
+            out = super().generate(prompts, params)
+            return out if "seed" in params else out[:-1]
+
+    r = PartialRollouts(Short(eos=False), request([]), 1, 2, 4)  # type: ignore[arg-type]
+    assert isinstance(get_within(r, 1), ValueError)
+    r.close()
