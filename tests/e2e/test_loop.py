@@ -249,8 +249,10 @@ def check_partial_rollouts(client, model: Path) -> None:
     from arctic_rl.rollout.partial import PartialRollouts
 
     tok = AutoTokenizer.from_pretrained(model)
-    prompts = [tok.encode(t, add_special_tokens=False) for t in ("one two three", "the cat sat on", "select name from")]
-    params = {"n": 2, "max_tokens": 24, "temperature": 0.0, "ignore_eos": True, "stop": []}
+    texts = ("one two three", "the cat sat on", "select name from")
+    # vLLM refuses greedy with n > 1, so a group of two is its prompt twice
+    prompts = [tok.encode(t, add_special_tokens=False) for t in texts for _ in range(2)]
+    params = {"n": 1, "max_tokens": 24, "temperature": 0.0, "ignore_eos": True, "stop": []}
 
     def make(step: int):
         return prompts, {**params, "seed": step}, [{} for _ in prompts]
