@@ -7,7 +7,8 @@ Shapes legend: B rows, T = P + R total columns, P prompt columns, R response col
   attention_mask   [B, T]   int/bool 1 on real tokens (prompt and response), 0 on padding
   position_ids     [B, T]   int32/64 optional; default cumsum(attention_mask) - 1; in [0, max_seq_len)
   responses        [B, R]   int32/64 == input_ids[:, P:]
-  response_mask    [B, R]   int/bool 1 on response tokens that count in the loss, else 0
+  response_mask    [B, R]   int/bool 1 on response tokens that count in the loss, else 0 (padding; multi-turn:
+                                    the observation and template tokens between the model's turns)
   old_log_probs    [B, R]   float   log-probs of the policy that produced the data (PPO ratio)
   advantages       [B, R]   float   per-token advantages ([B] is accepted and broadcast)
   ref_log_prob     [B, R]   float   optional; reference policy log-probs (KL penalty)
@@ -230,7 +231,8 @@ def split_micro_batches(batch: Batch, max_rows: int) -> list[list[int]]:
 
 def from_samples(samples: list[dict], uids: list, pad_token_id: int = 0) -> Batch:
     """A verl-layout batch from `generate` samples: prompts left-padded, responses right-padded.
-    Adds `rollout_log_probs` (the sampler's log-probs) and `uid`; the caller adds advantages etc."""
+    Adds `rollout_log_probs` (the sampler's log-probs) and `uid`; the caller adds advantages etc. A sample's
+    `loss_mask` (multi-turn, arctic_rl.rollout.multiturn) zeroes response_mask on its observation tokens."""
     if len(samples) != len(uids):
         raise BatchError(f"got {len(samples)} samples but {len(uids)} uids")
     P = max(len(s["prompt_token_ids"]) for s in samples)
@@ -241,6 +243,7 @@ def from_samples(samples: list[dict], uids: list, pad_token_id: int = 0) -> Batc
     rlp = torch.zeros(B, R)
     # Partial rollouts: the policy version that produced each response token (-1: padding).
     versions = torch.full((B, R), -1, dtype=torch.long) if any("token_versions" in s for s in samples) else None
+    masks: list[tuple[int, torch.Tensor]] = []
     for i, s in enumerate(samples):
         p, r = s["prompt_token_ids"], s["token_ids"]
         ids[i, P - len(p) : P] = torch.tensor(p, dtype=torch.long)
@@ -250,13 +253,21 @@ def from_samples(samples: list[dict], uids: list, pad_token_id: int = 0) -> Batc
             attn[i, P : P + len(r)] = 1
             if s.get("logprobs"):
                 rlp[i, : len(r)] = torch.tensor(s["logprobs"], dtype=torch.float32)
+            if s.get("loss_mask") is not None:  # multi-turn: observation and template tokens take no loss
+                mask = torch.tensor(s["loss_mask"], dtype=torch.long)
+                if mask.shape != (len(r),):
+                    raise BatchError(f"sample {i}: loss_mask has {mask.numel()} entries for {len(r)} tokens")
+                masks.append((i, mask))
             if versions is not None and s.get("token_versions"):
                 versions[i, : len(r)] = torch.tensor(s["token_versions"], dtype=torch.long)
-    out = {
+    response_mask = attn[:, P:].clone()
+    for i, m in masks:
+        response_mask[i, : m.numel()] = m
+    out: Batch = {
         "input_ids": ids,
         "attention_mask": attn,
         "responses": ids[:, P:].clone(),
-        "response_mask": attn[:, P:].clone(),
+        "response_mask": response_mask,
         "rollout_log_probs": rlp,
         "uid": list(uids),
     }

@@ -1,0 +1,82 @@
+"""Environments for multi-turn RL: what answers the model's turns, and the registry that names them.
+
+An environment plays one conversation. `reset(example)` starts it with the recipe's example (the prompt is the
+example's messages, rendered by the loop as for a single-turn recipe); `step(turn)` takes the model's turn as
+text (decoded for the environment to read; the tokens that train stay the sampler's own) and returns a `Step`:
+an observation to show the model as the next message, or done with the episode's reward.
+
+    @register_env("echo")
+    class Echo:
+        def reset(self, example): self.target = example["answer"]
+        def step(self, turn):
+            if self.target in turn:
+                return Step(done=True, reward=1.0)
+            return Step(observation=f"not yet: {turn[:40]}")
+
+A recipe that provides an environment registers it when imported (recipes/<name>/__init__.py) and a run names
+it in `env.name`; `make_env(name, options)` builds one per conversation (n per example). Environments run in
+the loop's process, one conversation at a time per call, so they hold no locks; one that runs code the model
+wrote (SQL) is as hostile to it as the single-turn reward is (recipes/text2sql/sandbox.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from arctic_rl.errors import ConfigError, UnknownNameError
+
+
+@dataclass(frozen=True)
+class Step:
+    """An environment's answer to one model turn: an observation for the next turn, or the end of the episode
+    (done) with its reward. A reward before done is ignored: the episode's reward comes at the end."""
+
+    observation: str | None = None
+    done: bool = False
+    reward: float | None = None
+
+    def __post_init__(self):
+        if self.done == (self.observation is not None):
+            raise ValueError(
+                f"Step: exactly one of observation (next turn) and done (end) must be given, got "
+                f"observation={self.observation!r:.60}, done={self.done}"
+            )
+        if self.done and self.reward is None:
+            raise ValueError("Step(done=True) needs the episode's reward (a float)")
+
+
+class Env(Protocol):
+    def reset(self, example: dict) -> None: ...
+
+    def step(self, turn: str) -> Step: ...
+
+
+ENVS: dict[str, Callable[..., Env]] = {}
+
+
+def register_env(name: str):
+    """Registers an environment class (or factory) under `name`; called with the run's env.options."""
+
+    def deco(factory):
+        if name in ENVS and ENVS[name] is not factory:
+            raise ConfigError(f"environment {name!r} is registered twice ({ENVS[name]!r} and {factory!r})")
+        ENVS[name] = factory
+        return factory
+
+    return deco
+
+
+def make_env(name: str, options: dict[str, Any] | None = None) -> Env:
+    """A fresh environment `name` built with `options`; an unknown name is refused naming the registered ones."""
+    factory = ENVS.get(name)
+    if factory is None:
+        raise UnknownNameError(
+            f"env.name={name!r} is not a registered environment; registered: {sorted(ENVS)} (a recipe registers "
+            f"its environment when imported: @register_env in recipes/<name>/__init__.py)"
+        )
+    try:
+        return factory(**(options or {}))
+    except TypeError as e:
+        raise ConfigError(f"env.options={options!r} do not fit environment {name!r}: {e}") from None

@@ -1,0 +1,179 @@
+"""Multi-turn rollouts, token in and token out: a conversation is one token sequence that nothing decodes and
+encodes again.
+
+A conversation starts from its prompt's token ids. Each turn the sampler continues the sequence so far (token
+ids in) and its tokens are appended exactly as it produced them, with their log-probs (loss mask 1). The
+environment (arctic_rl.envs) reads the turn as text and answers; its observation becomes tokens once, through
+the chat template (ObservationTemplate), and is appended after the model's tokens (loss mask 0, log-prob 0),
+followed by the header of the next assistant turn. The trainer then scores the very tokens the sampler made:
+re-tokenizing a decoded conversation does not in general give them back (BPE merges across turn boundaries,
+a turn cut inside a multi-byte character), which is the most reported multi-turn bug of the peers.
+
+Layout of a sample (from_samples turns it into one batch row):
+    prompt_token_ids   the rendered prompt, as for a single-turn step
+    token_ids          turn 1 | observation 1 | turn 2 | observation 2 | turn 3      (one response)
+    loss_mask          1...1  | 0.........0   | 1...1  | 0.........0   | 1...1
+    logprobs           sampler's | 0.0        | sampler's | 0.0        | sampler's
+A turn that does not end with the tokenizer's end-of-turn token (cut by a stop string) gets that token from the
+template, masked like the observation. The episode ends when the environment says done (its reward), after
+`max_turns` model turns, or when the next turn would not fit in `max_response_tokens` (finish "length": no
+reward from the environment, 0.0; overlong.filter drops such rows from the loss as it drops cut answers).
+
+Sampling: the first turn is the loop's request as made (n samples per prompt, the step's seed); later turns are
+one request per turn for all conversations still going, n = 1 and no seed (one seed would give the conversations
+of a group the same draws once their prefixes agree).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from arctic_rl.envs import Env, Step
+from arctic_rl.errors import ConfigError
+
+Generate = Callable[[list[list[int]], dict], list[dict]]
+
+
+class ObservationTemplate:
+    """The tokens that show an observation to the model: the end of the model's turn as the chat template writes
+    it, the observation as a `role` message, and the header of the next assistant turn. Rendered from the
+    tokenizer's own chat template, once per observation, never from the conversation's decoded text."""
+
+    def __init__(self, tokenizer, role: str = "user"):
+        if not getattr(tokenizer, "chat_template", None):
+            raise ConfigError(
+                f"multi-turn rollouts render observations with the tokenizer's chat template, and "
+                f"{type(tokenizer).__name__} has none: use an instruct model (or set tokenizer.chat_template)"
+            )
+        eos = tokenizer.eos_token
+        if eos is None:
+            raise ConfigError("multi-turn rollouts need the tokenizer's eos_token (the end of an assistant turn)")
+        self.tokenizer, self.role = tokenizer, role
+        self.eos_id = tokenizer.convert_tokens_to_ids(eos)
+        probe = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]
+        base = tokenizer.apply_chat_template(probe, tokenize=False)
+        if eos not in base:
+            raise ConfigError(f"the chat template does not end an assistant turn with eos_token {eos!r}")
+        # What the template writes after the assistant's end-of-turn token ("\n" in ChatML): it belongs to
+        # the observation's tokens, since the model's turn ends at its eos.
+        self._after_eos = base[base.rindex(eos) + len(eos) :]
+        self._base = base
+
+    def ids(self, observation: str) -> list[int]:
+        msgs = [
+            {"role": "user", "content": "q"},
+            {"role": "assistant", "content": "a"},
+            {"role": self.role, "content": observation},
+        ]
+        full = self.tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+        if not full.startswith(self._base):
+            raise ConfigError(
+                "the chat template renders a conversation's earlier turns differently once a message follows "
+                "them, so observations cannot be appended as tokens; use a template that only appends"
+            )
+        text = self._after_eos + full[len(self._base) :]
+        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+@dataclass
+class Conversation:
+    prompt: list[int]
+    env: Env
+    tokens: list[int] = field(default_factory=list)
+    mask: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    turns: list[str] = field(default_factory=list)  # the model's turns as the environment read them
+    reward: float | None = None
+    finish: str = ""
+
+    def add(self, ids: Sequence[int], mask: int, logprobs: Sequence[float] | None = None) -> None:
+        self.tokens += ids
+        self.mask += [mask] * len(ids)
+        self.logprobs += list(logprobs) if logprobs is not None else [0.0] * len(ids)
+
+    def sample(self, decode: Callable[[list[int]], str]) -> dict:
+        return {
+            "prompt_token_ids": list(self.prompt),
+            "token_ids": list(self.tokens),
+            "logprobs": list(self.logprobs),
+            "loss_mask": list(self.mask),
+            "text": decode(self.tokens),
+            "turn_texts": list(self.turns),
+            "num_turns": len(self.turns),
+            "reward": 0.0 if self.reward is None else float(self.reward),
+            "finish_reason": self.finish,
+        }
+
+
+def play(
+    generate: Generate,
+    prompts: list[list[int]],
+    params: dict,
+    examples: list[dict],
+    envs: Callable[[], Env],
+    template: ObservationTemplate,
+    decode: Callable[[list[int]], str],
+    *,
+    max_turns: int,
+    max_response_tokens: int,
+) -> list[dict]:
+    """Plays one conversation per sample (params["n"] per prompt, prompt-major, as `generate` returns them) to
+    the end and returns one sample dict each (layout in the module docstring). `envs()` makes a fresh
+    environment; conversation i is reset with examples[i // n]."""
+    if max_turns < 1:
+        raise ConfigError(f"env.max_turns={max_turns}: a conversation needs at least one model turn")
+    n = int(params.get("n", 1))
+    turn_max = int(params.get("max_tokens", 16))
+    convs = []
+    for i, prompt in enumerate(p for p in prompts for _ in range(n)):
+        env = envs()
+        env.reset(examples[i // n])
+        convs.append(Conversation(list(prompt), env))
+    answers = generate([list(p) for p in prompts], params)  # turn 1: the loop's request (n, seed)
+    going = list(range(len(convs)))
+    while going:
+        if len(answers) != len(going):
+            raise ValueError(f"the sampler answered {len(answers)} samples for {len(going)} conversations")
+        still = []
+        for i, out in zip(going, answers, strict=True):
+            c = convs[i]
+            if _take_turn(c, out, template, decode, max_turns, turn_max, max_response_tokens):
+                still.append(i)
+        going = still
+        if going:
+            follow = {k: v for k, v in params.items() if k not in ("n", "seed")}
+            answers = generate([convs[i].prompt + convs[i].tokens for i in going], {**follow, "n": 1})
+    return [c.sample(decode) for c in convs]
+
+
+def _take_turn(
+    c: Conversation,
+    out: dict,
+    template: ObservationTemplate,
+    decode: Callable[[list[int]], str],
+    max_turns: int,
+    turn_max: int,
+    budget: int,
+) -> bool:
+    """Appends the model's turn and the environment's answer; True if the conversation goes on."""
+    ids = list(out["token_ids"])
+    c.add(ids, 1, out.get("logprobs") or [0.0] * len(ids))
+    turn = out["text"] if isinstance(out.get("text"), str) else decode(ids)  # as the sampler decoded it
+    c.turns.append(turn)
+    if out.get("finish_reason") == "length":  # cut mid-turn: the environment never sees half a turn
+        c.finish = "length"
+        return False
+    result: Step = c.env.step(turn)
+    if result.done:
+        c.reward, c.finish = result.reward, "stop"
+        return False
+    if len(c.turns) >= max_turns:
+        c.finish = "length"  # out of turns without an answer
+        return False
+    obs = ([] if ids and ids[-1] == template.eos_id else [template.eos_id]) + template.ids(result.observation or "")
+    if len(c.tokens) + len(obs) + turn_max > budget:
+        c.finish = "length"  # the next turn would not fit
+        return False
+    c.add(obs, 0)
+    return True
