@@ -4,7 +4,7 @@
     client_cfg = cfg.client_config()        # the ArcticRLClientConfig of the backend
 
 Sections: model, backend (ArcticRLClientConfig fields except model_name), recipe, sampling, train,
-loss, advantage, reference, async, filter_groups, overlong, checkpoint, resume, tracking, sleep_engines, seed.
+loss, advantage, reference, async, filter_groups, env, overlong, checkpoint, resume, tracking, sleep_engines, seed.
 Every model forbids unknown keys, so a typo is an error naming its dotted path (`train.stpes: Extra inputs are not permitted`); so do
 `loss.config` (the built-in losses' models, arctic_rl.losses.config) and `recipe.options` (the recipe's
 `parse_options`), checked when the file parses.
@@ -135,6 +135,23 @@ class AsyncConfig(Strict):
         return self
 
 
+class EnvConfig(Strict):
+    """Multi-turn episodes (arctic_rl.rollout.multiturn): the environment `name` (registered by the recipe,
+    arctic_rl.envs) answers each model turn until it says done with the reward, instead of the recipe's
+    single-shot reward. None: single-turn."""
+
+    name: str | None = Field(None, min_length=1, description="a registered environment; None = single-turn")
+    options: dict[str, Any] = Field(default_factory=dict, description="keyword arguments of the environment")
+    max_turns: int = Field(3, ge=1, description="model turns per conversation (sampling.max_tokens each)")
+    max_response_tokens: int | None = Field(
+        None,
+        ge=1,
+        description="turns and observations of one conversation together; None: what the sampler's window "
+        "(vllm_config.max_seq_len) leaves after the prompt",
+    )
+    observation_role: str = Field("user", min_length=1, description="the chat role observations are shown as")
+
+
 class FilterGroupsConfig(Strict):
     """DAPO's dynamic sampling (verl: algorithm.filter_groups): groups whose rewards are all equal are dropped and
     more prompts drawn until the step has train.prompts_per_step groups with signal (arctic_rl.rollout.dynamic)."""
@@ -206,6 +223,7 @@ class RunConfig(Strict):
     reference: ReferenceConfig = ReferenceConfig()
     async_: AsyncConfig = Field(AsyncConfig(), alias="async")
     filter_groups: FilterGroupsConfig = FilterGroupsConfig()
+    env: EnvConfig = EnvConfig()
     overlong: OverlongConfig = OverlongConfig()
     checkpoint: CheckpointConfig = CheckpointConfig()
     resume: str = Field("auto", min_length=1, description="auto (latest complete checkpoint) | never | a path")
@@ -225,6 +243,21 @@ class RunConfig(Strict):
             raise ValueError(
                 f"overlong.buffer_len={self.overlong.buffer_len} must be below "
                 f"sampling.max_tokens={self.sampling.max_tokens} (the punishment starts that many tokens before it)"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _check_env(self):
+        if self.env.name is not None and self.async_.enable:
+            raise ValueError(
+                f"env.name={self.env.name!r} with async.enable=true: multi-turn episodes run in step (sync) for "
+                f"now; set async.enable=false"
+            )
+        if self.env.name is not None and self.overlong.buffer_len:
+            raise ValueError(
+                f"env.name={self.env.name!r} with overlong.buffer_len={self.overlong.buffer_len}: the overlong "
+                f"punishment measures one response against sampling.max_tokens, a conversation has several; "
+                f"set overlong.buffer_len=0 (overlong.filter still drops conversations cut short)"
             )
         return self
 

@@ -14,6 +14,7 @@ from arctic_rl import tracking
 from arctic_rl.client.client import ArcticRLClient
 from arctic_rl.loop.data import prompt_ids
 from arctic_rl.rewards import score_all
+from arctic_rl.rollout.pipeline import Sample
 from arctic_rl.runconfig import RunConfig
 
 
@@ -26,8 +27,11 @@ class EvalResult:
     completions: list[str]  # what the reward scored: the example's assistant_prefix + the generated text
 
 
-def evaluate(client: ArcticRLClient, recipe, examples: list[dict], tokenizer, cfg: RunConfig) -> EvalResult:
-    """Greedy decoding over `examples`; accuracy = share whose reward reaches full credit (>= 1)."""
+def evaluate(
+    client: ArcticRLClient, recipe, examples: list[dict], tokenizer, cfg: RunConfig, sample: Sample | None = None
+) -> EvalResult:
+    """Greedy decoding over `examples`; accuracy = share whose reward reaches full credit (>= 1). With
+    `sample` (multi-turn: the loop's make_sampler) greedy episodes, scored by their environment."""
     t0 = time.perf_counter()
     params = {
         "n": 1,
@@ -35,9 +39,15 @@ def evaluate(client: ArcticRLClient, recipe, examples: list[dict], tokenizer, cf
         "temperature": 0.0,
         "stop": list(cfg.sampling.stop),
     }
-    samples = client.generate([prompt_ids(tokenizer, ex) for ex in examples], params)
-    completions = [ex.get("assistant_prefix", "") + s["text"] for s, ex in zip(samples, examples)]
-    rewards = score_all(recipe.reward, completions, examples)
+    prompts = [prompt_ids(tokenizer, ex) for ex in examples]
+    if sample is not None and cfg.env.name is not None:
+        samples = sample(prompts, params, examples)
+        completions = [s["text"] for s in samples]
+        rewards = [float(s["reward"]) for s in samples]
+    else:
+        samples = client.generate(prompts, params)
+        completions = [ex.get("assistant_prefix", "") + s["text"] for s, ex in zip(samples, examples)]
+        rewards = score_all(recipe.reward, completions, examples)
     return EvalResult(
         float(np.mean([r >= 1.0 for r in rewards])),
         float(np.mean(rewards)),
@@ -52,9 +62,16 @@ class LoopEvals:
     asks for, each step at most once, and logs eval/* to MLflow."""
 
     def __init__(
-        self, cfg: RunConfig, client: ArcticRLClient, recipe, tokenizer, tracker: tracking.Tracker, quiet: bool
+        self,
+        cfg: RunConfig,
+        client: ArcticRLClient,
+        recipe,
+        tokenizer,
+        tracker: tracking.Tracker,
+        quiet: bool,
+        sample: Sample | None = None,
     ):
-        self.cfg, self.client, self.recipe, self.tokenizer = cfg, client, recipe, tokenizer
+        self.cfg, self.client, self.recipe, self.tokenizer, self.sample = cfg, client, recipe, tokenizer, sample
         self.tracker, self.quiet = tracker, quiet
         examples = recipe.load_examples(cfg.eval.split, **cfg.stage_options(cfg.eval.options)) if cfg.eval.split else []
         self.examples = examples[: cfg.eval.limit] if cfg.eval.limit else examples
@@ -64,7 +81,7 @@ class LoopEvals:
         """step -1 = the model before the SFT warm-up (logged at step 0 as eval/*_before_sft)."""
         if not self.examples or step in self.results:
             return
-        r = evaluate(self.client, self.recipe, self.examples, self.tokenizer, self.cfg)
+        r = evaluate(self.client, self.recipe, self.examples, self.tokenizer, self.cfg, self.sample)
         self.results[step] = r
         suffix = "_before_sft" if step < 0 else ""
         self.tracker.log_metrics(

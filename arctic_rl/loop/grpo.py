@@ -52,6 +52,7 @@ from arctic_rl import advantages, tracking
 from arctic_rl.batch import from_samples, group_rows, select_rows
 from arctic_rl.client.client import ArcticRLClient, create_arctic_rl_client
 from arctic_rl.client.sleep import EngineSleep
+from arctic_rl.envs import make_env
 from arctic_rl.errors import ConfigError
 from arctic_rl.loop.data import fit_window, prompt_ids, step_indices, step_seed
 from arctic_rl.loop.evaluation import LoopEvals
@@ -60,8 +61,9 @@ from arctic_rl.loop.state import LoopState, flush_metrics, load_checkpoint, resu
 from arctic_rl.losses.mismatch import mismatch_metrics
 from arctic_rl.rewards import score_all
 from arctic_rl.rollout import dynamic
+from arctic_rl.rollout.multiturn import ObservationTemplate, play
 from arctic_rl.rollout.partial import PartialRollouts
-from arctic_rl.rollout.pipeline import AsyncRollouts, Request, Rollout, SyncRollouts
+from arctic_rl.rollout.pipeline import AsyncRollouts, Request, Rollout, Sample, SyncRollouts
 from arctic_rl.runconfig import RunConfig
 
 
@@ -168,9 +170,38 @@ def step_mismatch(cfg: RunConfig, batch: dict, rollout: Rollout) -> dict[str, fl
     )
 
 
+def make_sampler(cfg: RunConfig, client: ArcticRLClient, tokenizer) -> Sample:
+    """How the loop gets a request's samples: one generate call, or (env.name) one conversation per sample with
+    the recipe's environment, token in / token out (arctic_rl.rollout.multiturn), its reward in the sample."""
+    if cfg.env.name is None:
+        return lambda prompts, params, examples: client.generate(prompts, params)
+    e = cfg.env
+    template = ObservationTemplate(tokenizer, e.observation_role)
+    window = client.config.vllm_config.max_seq_len
+
+    def episodes(prompts: list[list[int]], params: dict, examples: list[dict]) -> list[dict]:
+        return play(
+            client.generate,
+            prompts,
+            params,
+            examples,
+            lambda: make_env(str(e.name), e.options),
+            template,
+            lambda ids: str(tokenizer.decode(ids)),
+            max_turns=e.max_turns,
+            max_response_tokens=e.max_response_tokens,
+            window=window,
+        )
+
+    return episodes
+
+
 def score(cfg: RunConfig, recipe, examples: list[dict], samples: list[dict]) -> list[float]:
     """The recipe's reward of each sample (n per example, prompt-major), plus DAPO's soft overlong punishment
-    when overlong.buffer_len is set (arctic_rl.rollout.dynamic)."""
+    when overlong.buffer_len is set (arctic_rl.rollout.dynamic). Multi-turn (env.name): the environment's
+    reward at the end of each episode."""
+    if cfg.env.name is not None:
+        return [float(s["reward"]) for s in samples]
     n = cfg.sampling.n
     completions = [
         ex.get("assistant_prefix", "") + s["text"]
@@ -186,7 +217,7 @@ def score(cfg: RunConfig, recipe, examples: list[dict], samples: list[dict]) -> 
 
 
 def gather(
-    cfg: RunConfig, client: ArcticRLClient, recipe, rollout: Rollout, make_request
+    cfg: RunConfig, client: ArcticRLClient, recipe, rollout: Rollout, make_request, sample: Sample | None = None
 ) -> tuple[Rollout, list[float], dict[str, float]]:
     """The step's rollout and its scores; with filter_groups.enable, only groups with signal, drawing more
     batches while too few have it (arctic_rl.rollout.dynamic). Returns (rollout, scores, metrics: the time
@@ -194,13 +225,15 @@ def gather(
     t0 = time.perf_counter()
     scores = score(cfg, recipe, rollout.examples, rollout.samples)
     m = {"gen": rollout.wait_s, "reward": time.perf_counter() - t0}
+    if cfg.env.name is not None:  # multi-turn: model turns per conversation
+        m["env/num_turns/mean"] = float(np.mean([s["num_turns"] for s in rollout.samples]))
     if not cfg.filter_groups.enable:
         return rollout, scores, m
 
     def draw(d: int) -> dynamic.Draw:
         prompts, params, examples = make_request(rollout.step, d)
         t0 = time.perf_counter()
-        samples = client.generate(prompts, params)
+        samples = sample(prompts, params, examples) if sample else client.generate(prompts, params)
         t1 = time.perf_counter()
         extra = dynamic.Draw(examples, samples, score(cfg, recipe, examples, samples), version=rollout.step - 1)
         m["gen"] += t1 - t0
@@ -376,6 +409,7 @@ def run(
         exs = [examples[i] for i in step_indices(step, len(examples), per_step, cfg.seed, draw)]
         return [prompt_ids(tokenizer, ex) for ex in exs], {**sampling, "seed": step_seed(cfg.seed, step, draw)}, exs
 
+    sample = make_sampler(cfg, client, tokenizer)
     a = cfg.async_
     rollouts: SyncRollouts | AsyncRollouts | PartialRollouts
     if a.enable and a.partial_rollouts:
@@ -391,8 +425,8 @@ def run(
     elif a.enable:
         rollouts = AsyncRollouts(client, make_request, a.max_staleness, last)
     else:
-        rollouts = SyncRollouts(client, make_request)
-    evals = LoopEvals(cfg, client, recipe, tokenizer, tracker, quiet)
+        rollouts = SyncRollouts(client, make_request, sample)
+    evals = LoopEvals(cfg, client, recipe, tokenizer, tracker, quiet, sample)
     history: list[dict[str, float]] = []
 
     def before_sync() -> None:
@@ -419,7 +453,7 @@ def run(
         for step in bar:
             t0 = time.perf_counter()
             sleep.before_gen()
-            rollout, scores, gathered = gather(cfg, client, recipe, rollouts.get(step), make_request)
+            rollout, scores, gathered = gather(cfg, client, recipe, rollouts.get(step), make_request, sample)
             sleep.after_gen()
             metrics = train_step(cfg, client, rollout, scores, gathered, pad_id, before_sync, after_sync)
             metrics[tracking.TIMING_STEP] = time.perf_counter() - t0

@@ -26,6 +26,7 @@ of a group the same draws once their prefixes agree).
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -80,6 +81,7 @@ class ObservationTemplate:
 class Conversation:
     prompt: list[int]
     env: Env
+    budget: int  # response tokens this conversation may hold (turns and observations)
     tokens: list[int] = field(default_factory=list)
     mask: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
@@ -116,11 +118,13 @@ def play(
     decode: Callable[[list[int]], str],
     *,
     max_turns: int,
-    max_response_tokens: int,
+    max_response_tokens: int | None = None,
+    window: int | None = None,
 ) -> list[dict]:
     """Plays one conversation per sample (params["n"] per prompt, prompt-major, as `generate` returns them) to
     the end and returns one sample dict each (layout in the module docstring). `envs()` makes a fresh
-    environment; conversation i is reset with examples[i // n]."""
+    environment; conversation i is reset with examples[i // n]. A conversation's response (turns and
+    observations) stays within max_response_tokens, and prompt plus response within the sampler's `window`."""
     if max_turns < 1:
         raise ConfigError(f"env.max_turns={max_turns}: a conversation needs at least one model turn")
     n = int(params.get("n", 1))
@@ -129,7 +133,8 @@ def play(
     for i, prompt in enumerate(p for p in prompts for _ in range(n)):
         env = envs()
         env.reset(examples[i // n])
-        convs.append(Conversation(list(prompt), env))
+        budget = min(max_response_tokens or sys.maxsize, (window or sys.maxsize) - len(prompt))
+        convs.append(Conversation(list(prompt), env, budget=budget))
     answers = generate([list(p) for p in prompts], params)  # turn 1: the loop's request (n, seed)
     going = list(range(len(convs)))
     while going:
@@ -138,7 +143,7 @@ def play(
         still = []
         for i, out in zip(going, answers, strict=True):
             c = convs[i]
-            if _take_turn(c, out, template, decode, max_turns, turn_max, max_response_tokens):
+            if _take_turn(c, out, template, decode, max_turns, turn_max):
                 still.append(i)
         going = still
         if going:
@@ -154,7 +159,6 @@ def _take_turn(
     decode: Callable[[list[int]], str],
     max_turns: int,
     turn_max: int,
-    budget: int,
 ) -> bool:
     """Appends the model's turn and the environment's answer; True if the conversation goes on."""
     ids = list(out["token_ids"])
@@ -172,7 +176,7 @@ def _take_turn(
         c.finish = "length"  # out of turns without an answer
         return False
     obs = ([] if ids and ids[-1] == template.eos_id else [template.eos_id]) + template.ids(result.observation or "")
-    if len(c.tokens) + len(obs) + turn_max > budget:
+    if len(c.tokens) + len(obs) + turn_max > c.budget:
         c.finish = "length"  # the next turn would not fit
         return False
     c.add(obs, 0)

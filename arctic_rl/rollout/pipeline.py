@@ -35,6 +35,8 @@ from arctic_rl.client.client import ArcticRLClient
 
 # (prompts as token ids, sampling params, examples) of one step
 Request = tuple[list[list[int]], dict, list[dict]]
+# A request's samples: one generate call, or conversations with an environment (arctic_rl.rollout.multiturn)
+Sample = Callable[[list[list[int]], dict, list[dict]], list[dict]]
 
 
 @dataclass
@@ -61,13 +63,14 @@ class Rollout:
 
 
 class SyncRollouts:
-    def __init__(self, client: ArcticRLClient, make_request: Callable[[int], Request]):
+    def __init__(self, client: ArcticRLClient, make_request: Callable[[int], Request], sample: Sample | None = None):
         self.client, self.make_request = client, make_request
+        self.sample = sample or (lambda prompts, params, examples: client.generate(prompts, params))
 
     def get(self, step: int) -> Rollout:
         prompts, params, examples = self.make_request(step)
         t0 = time.perf_counter()
-        samples = self.client.generate(prompts, params)
+        samples = self.sample(prompts, params, examples)
         dt = time.perf_counter() - t0
         return Rollout(step, examples, samples, version=step - 1, wait_s=dt, gen_s=dt)
 

@@ -16,6 +16,7 @@ from repo_paths import TESTS
 
 from arctic_rl import create_arctic_rl_client, tracking
 from arctic_rl.batch import from_samples
+from arctic_rl.envs import Step, register_env
 from arctic_rl.loop import run
 from arctic_rl.loop.state import STATE_FILE
 from arctic_rl.runconfig import load_run_config
@@ -234,8 +235,70 @@ def test_loop_over_http_sync_then_async(ray_cluster, tiny_llama, tmp_path, mlflo
         assert all("async/partial_fraction" in h for h in p.history + q.history)
         assert q.run_id == p.run_id and len(q.rewards) == 4
         assert [st for st, _ in mlflow_metrics(q.run_id)["async/staleness"]] == [1, 2, 3, 4]
+
+        check_multiturn(client, tiny_llama)
+        # The loop with an environment: 2 steps of 3-turn conversations, rewards from the environment.
+        m = run(tiny_cfg(tiny_llama, tmp_path / "multiturn", *http, *MULTITURN, "train.steps=2"), client)
+        assert len(m.rewards) == 2 and all(h["env/num_turns/mean"] > 1.0 for h in m.history)
+        # 0.3 for a conversation the environment ended at turn 3, 0 for one cut short
+        assert all(0.0 <= h[tracking.REWARD_MEAN] <= 0.3 for h in m.history) and sum(m.rewards) > 0
     finally:
         client.shutdown()
+
+
+@register_env("e2e-three-turns")
+class ThreeTurns:
+    """Answers the first two turns with an observation; done with reward 0.1 per turn at the third."""
+
+    def reset(self, example):
+        self.turns = 0
+
+    def step(self, turn):
+        self.turns += 1
+        if self.turns == 3:
+            return Step(done=True, reward=0.1 * self.turns)
+        return Step(observation=f"result {self.turns}: {turn[-10:]!r} -> [(1, 'ok')]")
+
+
+# A random model rarely writes its end-of-turn token: a stop string ends its turns (the template then adds the
+# end-of-turn token, masked); a turn cut at max_tokens ends its conversation.
+MULTITURN = ["env.name=e2e-three-turns", "env.max_turns=3", "sampling.stop=[e, a]", "sampling.max_tokens=24"]
+
+
+def check_multiturn(client, model: Path) -> None:
+    """3-turn conversations on the real sampler and trainer, token in / token out: the trainer's log-probs of
+    every model token equal the sampler's (the trainer scores the very tokens the sampler made, observations
+    between them), and decoding and encoding the conversations would not have given their tokens back."""
+    from transformers import AutoTokenizer
+
+    from arctic_rl.rollout.multiturn import ObservationTemplate, play
+
+    tok = AutoTokenizer.from_pretrained(model)
+    texts = ("one two three", "the cat sat on", "select name from")
+    msgs = [[{"role": "user", "content": t}] for t in texts]
+    rendered = [tok.apply_chat_template(m, tokenize=False, add_generation_prompt=True) for m in msgs]
+    prompts = [tok(r, add_special_tokens=False)["input_ids"] for r in rendered]
+    params = {"n": 4, "max_tokens": 24, "temperature": 1.0, "seed": 5, "stop": ["e", "a"]}
+    samples = play(
+        client.generate,
+        prompts,
+        params,
+        [{} for _ in texts],
+        ThreeTurns,
+        ObservationTemplate(tok),
+        tok.decode,
+        max_turns=3,
+        window=512,
+    )
+    three = [s for s in samples if s["num_turns"] == 3]
+    assert len(three) >= 4, [(s["num_turns"], s["finish_reason"]) for s in samples]
+    batch = from_samples(three, [i for i in range(len(three))])
+    mask = batch["response_mask"].bool()
+    assert 0 < int(mask.sum()) < int(batch["attention_mask"][:, -batch["responses"].shape[1] :].sum())
+    trainer = client.log_probs(batch)["log_probs"]
+    diff = (trainer - batch["rollout_log_probs"]).abs()[mask]
+    assert float(diff.max()) < 1e-3, float(diff.max())
+    assert any(tok.encode(s["text"], add_special_tokens=False) != s["token_ids"] for s in three)
 
 
 def check_partial_rollouts(client, model: Path) -> None:

@@ -91,7 +91,7 @@ def prompts(tok) -> list[list[int]]:
     return [tok(t, add_special_tokens=False)["input_ids"] for t in texts]  # as the loop's prompt_ids
 
 
-def run(tok, sampler, turns=3, max_turns=4, budget=4096, n=2, max_tokens=40):
+def run(tok, sampler, turns=3, max_turns=4, budget=4096, n=2, max_tokens=40, window=None):
     template = ObservationTemplate(tok)
     params = {"n": n, "max_tokens": max_tokens, "temperature": 1.0, "seed": 7}
     examples = [{"bonus": 0.0}, {"bonus": 0.5}]
@@ -105,6 +105,7 @@ def run(tok, sampler, turns=3, max_turns=4, budget=4096, n=2, max_tokens=40):
         tok.decode,
         max_turns=max_turns,
         max_response_tokens=budget,
+        window=window,
     )
     return samples, template
 
@@ -164,6 +165,10 @@ def test_episodes_end_at_max_turns_and_at_the_budget_without_reward(tok):
     samples, _ = run(tok, ToySampler(tok), turns=5, budget=60)
     assert all(s["finish_reason"] == "length" and s["reward"] == 0.0 for s in samples)
     assert all(len(s["token_ids"]) <= 60 for s in samples)
+    window = 90  # the sampler's max_seq_len: prompt and response together
+    samples, _ = run(tok, ToySampler(tok), turns=5, budget=None, window=window)
+    assert all(s["finish_reason"] == "length" for s in samples)
+    assert all(len(s["prompt_token_ids"]) + len(s["token_ids"]) <= window for s in samples)
 
 
 def test_a_turn_cut_at_max_tokens_ends_its_episode_unseen_by_the_environment(tok):

@@ -82,6 +82,12 @@ def test_overrides_are_yaml_scalars():
         (["backend.training_config.micro_batch_size=3"], r"micro_batch_size=3 disagrees"),
         (["train"], r"expected dotted\.key=value"),
         (["train.steps.x=1"], r"train\.steps is 300, not a mapping"),
+        (["env.name=sql", "async.enable=true"], r"env\.name='sql' with async\.enable=true"),
+        (
+            ["env.name=sql", "async.enable=false", "overlong.buffer_len=8"],
+            r"env\.name='sql' with overlong\.buffer_len=8",
+        ),
+        (["env.max_turns=0"], r"env\.max_turns"),
     ],
 )
 def test_errors_name_the_dotted_path(override, match):
