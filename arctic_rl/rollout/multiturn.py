@@ -5,7 +5,8 @@ A conversation starts from its prompt's token ids. Each turn the sampler continu
 ids in) and its tokens are appended exactly as it produced them, with their log-probs (loss mask 1). The
 environment (arctic_rl.envs) reads the turn as text and answers; its observation becomes tokens once, through
 the chat template (ObservationTemplate), and is appended after the model's tokens (loss mask 0, log-prob 0),
-followed by the header of the next assistant turn. The trainer then scores the very tokens the sampler made:
+followed by the header of the next assistant turn (and the example's `assistant_prefix`, if its prompt
+pre-fills the answer's opening: every turn then opens with it, and the environment reads it with the turn). The trainer then scores the very tokens the sampler made:
 re-tokenizing a decoded conversation does not in general give them back (BPE merges across turn boundaries,
 a turn cut inside a multi-byte character), which is the most reported multi-turn bug of the peers.
 
@@ -61,7 +62,9 @@ class ObservationTemplate:
         self._after_eos = base[base.rindex(eos) + len(eos) :]
         self._base = base
 
-    def ids(self, observation: str) -> list[int]:
+    def ids(self, observation: str, assistant_prefix: str = "") -> list[int]:
+        """The observation's tokens, ending with the next assistant turn's header and `assistant_prefix` (the
+        example's pre-filled opening of every answer, as its prompt has it)."""
         msgs = [
             {"role": "user", "content": "q"},
             {"role": "assistant", "content": "a"},
@@ -73,7 +76,7 @@ class ObservationTemplate:
                 "the chat template renders a conversation's earlier turns differently once a message follows "
                 "them, so observations cannot be appended as tokens; use a template that only appends"
             )
-        text = self._after_eos + full[len(self._base) :]
+        text = self._after_eos + full[len(self._base) :] + assistant_prefix
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
@@ -82,6 +85,7 @@ class Conversation:
     prompt: list[int]
     env: Env
     budget: int  # response tokens this conversation may hold (turns and observations)
+    prefix: str = ""  # the example's assistant_prefix: every turn opens with it (template tokens)
     tokens: list[int] = field(default_factory=list)
     mask: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
@@ -134,7 +138,8 @@ def play(
         env = envs()
         env.reset(examples[i // n])
         budget = min(max_response_tokens or sys.maxsize, (window or sys.maxsize) - len(prompt))
-        convs.append(Conversation(list(prompt), env, budget=budget))
+        prefix = str(examples[i // n].get("assistant_prefix", ""))
+        convs.append(Conversation(list(prompt), env, budget=budget, prefix=prefix))
     answers = generate([list(p) for p in prompts], params)  # turn 1: the loop's request (n, seed)
     going = list(range(len(convs)))
     while going:
@@ -163,7 +168,8 @@ def _take_turn(
     """Appends the model's turn and the environment's answer; True if the conversation goes on."""
     ids = list(out["token_ids"])
     c.add(ids, 1, out.get("logprobs") or [0.0] * len(ids))
-    turn = out["text"] if isinstance(out.get("text"), str) else decode(ids)  # as the sampler decoded it
+    text = out["text"] if isinstance(out.get("text"), str) else decode(ids)  # as the sampler decoded it
+    turn = c.prefix + text  # the environment reads the whole answer, pre-filled opening included
     c.turns.append(turn)
     if out.get("finish_reason") == "length":  # cut mid-turn: the environment never sees half a turn
         c.finish = "length"
@@ -175,7 +181,8 @@ def _take_turn(
     if len(c.turns) >= max_turns:
         c.finish = "length"  # out of turns without an answer
         return False
-    obs = ([] if ids and ids[-1] == template.eos_id else [template.eos_id]) + template.ids(result.observation or "")
+    obs = [] if ids and ids[-1] == template.eos_id else [template.eos_id]
+    obs += template.ids(result.observation or "", c.prefix)
     if len(c.tokens) + len(obs) + turn_max > c.budget:
         c.finish = "length"  # the next turn would not fit
         return False

@@ -14,6 +14,8 @@
     difficulties    keep only these difficulties, e.g. ["simple"]
     limit           keep the first N examples (after filtering)
     seed            picks the worked examples (default 0)
+    multiturn       the system prompt says each query's result is shown and a repeated query submits it
+                    (for env.name: text2sql, the multi-turn environment of env.py)
     execution_credit, format_credit, timeout_s, transpile   the reward's options (reward.py)
 """
 
@@ -62,6 +64,7 @@ class Text2SQLOptions(Strict):
     difficulties: tuple[str, ...] | None = None
     limit: Annotated[int | None, _int_at_least(1, unset_ok=True)] = None
     seed: int = 0
+    multiturn: bool = False
     execution_credit: float = 0.1
     format_credit: float = 0.0
     timeout_s: float = 30.0
@@ -137,7 +140,7 @@ def load_examples(split: str, **options: Any) -> list[dict]:
         ]
         ex = {
             "messages": build_messages(
-                rec["question"], rec["evidence"], db_path, tables, shots, opts.prefill, opts.num_values
+                rec["question"], rec["evidence"], db_path, tables, shots, opts.prefill, opts.num_values, opts.multiturn
             ),
             "question_id": rec["question_id"],
             "db_id": rec["db_id"],
@@ -200,3 +203,7 @@ def sft_completion(example: dict) -> str | None:
 
 
 __all__ = ["Text2SQLOptions", "load_examples", "parse_options", "reward", "sft_completion"]
+
+
+# Registers the multi-turn environment "text2sql" (arctic_rl.envs) when the recipe is imported.
+from recipes.text2sql import env as _env  # noqa: E402,F401

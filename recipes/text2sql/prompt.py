@@ -32,6 +32,12 @@ SYSTEM_PREFILL = (
     "Answer with the query alone in a ```sql code block."
 )
 
+# Multi-turn (recipe option multiturn, env.name: text2sql, env.py): the model sees each query's result
+MULTITURN_NOTE = (
+    "\nEach query you write is run on the database and you are shown its first rows. Then write the same "
+    "query again to submit it as your answer, or a corrected query."
+)
+
 
 @dataclass(frozen=True)
 class Shot:
@@ -67,8 +73,10 @@ def build_messages(
     shots: list[Shot],
     prefill: bool,
     num_values: int,
+    multiturn: bool = False,
 ) -> list[dict[str, str]]:
-    messages = [{"role": "system", "content": SYSTEM_PREFILL if prefill else SYSTEM_THINK}]
+    system = (SYSTEM_PREFILL if prefill else SYSTEM_THINK) + (MULTITURN_NOTE if multiturn else "")
+    messages = [{"role": "system", "content": system}]
     for shot in shots:
         shot_schema = schema_prompt(shot.db_path, tables_in_sql(shot.sql, shot.db_path), num_values)
         messages.append({"role": "user", "content": user_turn(shot_schema, shot.question, shot.evidence)})

@@ -216,3 +216,29 @@ def test_a_tokenizer_without_chat_template_is_refused(tok):
     plain.chat_template = None
     with pytest.raises(ConfigError, match="chat template"):
         ObservationTemplate(plain)
+
+
+def test_a_prefilled_answer_opens_every_turn_and_the_environment_reads_it(tok):
+    seen: list[str] = []
+
+    class Recorder(Countdown):
+        def step(self, turn):
+            seen.append(turn)
+            return super().step(turn)
+
+    prefix = "```sql\nSELECT"
+    samples = play(
+        ToySampler(tok).generate,
+        prompts(tok),
+        {"n": 1, "max_tokens": 40, "seed": 1},
+        [{"bonus": 0.0, "assistant_prefix": prefix}, {"bonus": 0.0, "assistant_prefix": prefix}],
+        Recorder,
+        ObservationTemplate(tok),
+        tok.decode,
+        max_turns=3,
+    )
+    assert len(seen) == 6 and all(t.startswith(prefix) for t in seen)
+    obs = ObservationTemplate(tok).ids("3 rows", prefix)
+    assert tok.decode(obs).endswith("<|im_start|>assistant\n" + prefix)
+    s = samples[0]
+    assert tok.decode(s["token_ids"]).count("<|im_start|>assistant\n" + prefix) == 2  # turns 2 and 3 open with it
