@@ -22,9 +22,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-# the shared helpers live in benchmarks/pipeline.py
-from pipeline import PHASES, bar_png, make_model, medians, run_config
 from report import Report, add_report_args
+
+# the shared helpers live in benchmarks/toy_loop.py
+from toy_loop import PHASES, bar_png, make_model, medians, run_config
 
 
 def main() -> None:
