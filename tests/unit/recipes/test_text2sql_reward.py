@@ -104,6 +104,16 @@ def test_errors_are_no_match(box: SQLSandbox, db: Path) -> None:
     assert not match(box, db, "SELECT * FROM nope", "SELECT * FROM nope")
 
 
+@pytest.mark.parametrize("sql", ["SELECT DATEDIFF('', price, stock) FROM item", 'SELECT DATEADD("", 1, price)'])
+def test_sql_that_crashes_a_dialects_parser_scores_instead_of_raising(box: SQLSandbox, db: Path, sql: str) -> None:
+    # sqlglot's T-SQL reader raises ValueError (not its ParseError) on these; a sampled answer like them ended
+    # a benchmark run in the reward pool.
+    assert sqlite_rewrites(sql) == [] or all(isinstance(r, str) for r in sqlite_rewrites(sql))
+    assert isinstance(parses_as_sqlite(sql), bool)
+    ex = {"db_path": str(db), "gold_sql": "SELECT COUNT(*) FROM item", "reward_options": {"format_credit": 0.02}}
+    assert 0.0 <= score(f"```sql\n{sql}\n```", ex, sandbox=box) < 1.0  # another dialect's rewrite may run
+
+
 def test_timeout(box: SQLSandbox, db: Path) -> None:
     start = time.monotonic()
     res = box.execute(db, LOOP_SQL, timeout_s=0.5)
