@@ -191,6 +191,11 @@ class ServerConfig(Strict):
             "processors they register with @register_loss_fn / @register_post_processor can be named in requests"
         ),
     )
+    openai: bool = Field(
+        False,
+        description="HTTP deployments: also answer OpenAI's /v1/chat/completions from the sampler and record each "
+        "conversation's exact tokens for training (arctic_rl/server/openai_api.py; `arctic-rl serve --openai`)",
+    )
     allow_imports: bool = Field(
         False,
         description=(

@@ -50,6 +50,7 @@ import torch
 
 from arctic_rl import advantages, tracking
 from arctic_rl.batch import from_samples, group_rows, select_rows
+from arctic_rl.chat import ObservationTemplate
 from arctic_rl.client.client import ArcticRLClient, create_arctic_rl_client
 from arctic_rl.client.sleep import EngineSleep
 from arctic_rl.envs import make_env
@@ -61,7 +62,7 @@ from arctic_rl.loop.state import LoopState, flush_metrics, load_checkpoint, resu
 from arctic_rl.losses.mismatch import mismatch_metrics
 from arctic_rl.rewards import score_all
 from arctic_rl.rollout import dynamic
-from arctic_rl.rollout.multiturn import ObservationTemplate, play
+from arctic_rl.rollout.multiturn import play
 from arctic_rl.rollout.partial import PartialRollouts
 from arctic_rl.rollout.pipeline import AsyncRollouts, Request, Rollout, Sample, SyncRollouts
 from arctic_rl.runconfig import RunConfig

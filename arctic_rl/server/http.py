@@ -179,15 +179,19 @@ def build_app(handle, cfg: ArcticRLClientConfig, on_shutdown=lambda: None, tinke
         message = f"unknown op {name!r:.60}; known: {sorted(ops.OPS)}"
         return JSONResponse({"type": "ProtocolError", "message": message}, status_code=404)
 
+    def _checked_call(op: str, kwargs: dict):  # what a /v1 route does with a request, without the wire
+        args = ops.OPS[op].bind(kwargs)
+        check_request(op, args, cfg, vocab)
+        return _call_controller(handle, op, args, cfg.request_timeout_s)
+
     if tinker:
         from arctic_rl.server import tinker_api
 
-        def call(op: str, kwargs: dict):  # what a /v1 route does with a request, without the wire
-            args = ops.OPS[op].bind(kwargs)
-            check_request(op, args, cfg, vocab)
-            return _call_controller(handle, op, args, cfg.request_timeout_s)
+        tinker_api.mount(app, cfg, _checked_call, lambda request: read_bytes(request, max_body))
+    if cfg.server.openai:
+        from arctic_rl.server import openai_api
 
-        tinker_api.mount(app, cfg, call, lambda request: read_bytes(request, max_body))
+        openai_api.mount(app, cfg, _checked_call, lambda request: read_bytes(request, max_body))
     return app
 
 
@@ -313,6 +317,12 @@ def main(argv: list[str]) -> int:
         action="store_true",
         help="also serve the API of the official `tinker` SDK under /api/v1 (docs/tinker.md)",
     )
+    p.add_argument(
+        "--openai",
+        action="store_true",
+        help="also answer OpenAI's /v1/chat/completions from the sampler, recording each conversation's tokens "
+        "(sets server.openai; docs/training.md)",
+    )
     a = p.parse_args(argv)
     try:
         token = _read_token(a.token_file)
@@ -324,6 +334,8 @@ def main(argv: list[str]) -> int:
                 data[key] = val
         if a.allow_imports:
             data["server"] = {**data.get("server", {}), "allow_imports": True}
+        if a.openai:
+            data["server"] = {**data.get("server", {}), "openai": True}
         config = ArcticRLClientConfig(**data)
     except ArcticRLError as e:
         print(f"ARCTIC_RL_ERROR {type(e).__name__}: {e}", flush=True)

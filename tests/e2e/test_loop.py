@@ -203,6 +203,7 @@ def test_loop_over_ray_logs_and_resumes_exactly(ray_cluster, tiny_llama, tmp_pat
 @pytest.mark.slow
 def test_loop_over_http_sync_then_async(ray_cluster, tiny_llama, tmp_path, mlflow_db):
     http = ["backend.comm_protocol=http", "backend.port=7357", "backend.auth_token=loop-t0ken", "checkpoint.every=0"]
+    http += ["backend.server.openai=true"]  # the OpenAI-compatible front (check_openai_front)
     cfg = tiny_cfg(tiny_llama, tmp_path / "sync", *http)
     client = create_arctic_rl_client(cfg.client_config())
     try:
@@ -236,6 +237,7 @@ def test_loop_over_http_sync_then_async(ray_cluster, tiny_llama, tmp_path, mlflo
         assert q.run_id == p.run_id and len(q.rewards) == 4
         assert [st for st, _ in mlflow_metrics(q.run_id)["async/staleness"]] == [1, 2, 3, 4]
 
+        check_openai_front(client, tiny_llama)
         check_multiturn(client, tiny_llama)
         # The loop with an environment: 2 steps of 3-turn conversations, rewards from the environment.
         m = run(tiny_cfg(tiny_llama, tmp_path / "multiturn", *http, *MULTITURN, "train.steps=2"), client)
@@ -271,7 +273,8 @@ def check_multiturn(client, model: Path) -> None:
     between them), and decoding and encoding the conversations would not have given their tokens back."""
     from transformers import AutoTokenizer
 
-    from arctic_rl.rollout.multiturn import ObservationTemplate, play
+    from arctic_rl.chat import ObservationTemplate
+    from arctic_rl.rollout.multiturn import play
 
     tok = AutoTokenizer.from_pretrained(model)
     texts = ("one two three", "the cat sat on", "select name from")
@@ -299,6 +302,71 @@ def check_multiturn(client, model: Path) -> None:
     diff = (trainer - batch["rollout_log_probs"]).abs()[mask]
     assert float(diff.max()) < 1e-3, float(diff.max())
     assert any(tok.encode(s["text"], add_special_tokens=False) != s["token_ids"] for s in three)
+
+
+def check_openai_front(client, model: Path) -> None:
+    """Agent code on the official openai client: a 3-turn tool-using conversation through /v1/chat/completions.
+    The server's record is the conversation as sampled (answers' tokens and log-probs, tool results rendered once
+    between them, masked); the trainer's log-probs of every answer token equal the sampler's; rendering the
+    conversation's text again gives other tokens; one training step runs on the record; a request that rewrites
+    the conversation is refused."""
+    import httpx
+    from openai import ConflictError, OpenAI
+    from transformers import AutoTokenizer
+
+    base, token = "http://127.0.0.1:7357", "loop-t0ken"
+    oa = OpenAI(base_url=f"{base}/v1", api_key=token, max_retries=0)
+    tools = [
+        {
+            "type": "function",
+            "function": {
+                "name": "run_sql",
+                "description": "runs a read-only query",
+                "parameters": {"type": "object", "properties": {"sql": {"type": "string"}}},
+            },
+        }
+    ]
+    messages: list[dict] = [
+        {"role": "system", "content": "Answer with SQL; call run_sql to look at the data."},
+        {"role": "user", "content": "how many artists are there"},
+    ]
+    for turn in range(3):
+        r = oa.chat.completions.create(
+            model="tiny",
+            messages=messages,
+            tools=tools,
+            max_tokens=12,
+            temperature=1.0,
+            seed=turn,
+            extra_headers={"X-Conversation-Id": "agent-1"},
+        )
+        assert r.choices[0].message.role == "assistant" and r.usage.completion_tokens > 0
+        messages.append({"role": "assistant", "content": r.choices[0].message.content})
+        if turn < 2:
+            messages.append({"role": "tool", "tool_call_id": f"call-{turn}", "content": f"[({turn + 1},)]"})
+    auth = {"Authorization": f"Bearer {token}"}
+    rec = httpx.get(f"{base}/v1/conversations/agent-1", headers=auth).json()
+    assert rec["num_turns"] == 3
+    mask = rec["loss_mask"]
+    starts = [i for i in range(len(mask)) if mask[i] == 1 and (i == 0 or mask[i - 1] == 0)]
+    assert len(starts) == 3 and mask[0] == 1 and 0 in mask  # answer | tool | answer | tool | answer
+    batch = from_samples([rec], [0])
+    lp = client.log_probs(batch)["log_probs"]
+    on = batch["response_mask"].bool()
+    assert float((lp - batch["rollout_log_probs"]).abs()[on].max()) < 1e-3
+    tok = AutoTokenizer.from_pretrained(model)
+    text = tok.apply_chat_template(messages, tools=tools, tokenize=False)
+    assert tok(text, add_special_tokens=False)["input_ids"] != rec["prompt_token_ids"] + rec["token_ids"]
+    batch["advantages"] = torch.ones(1)
+    batch["old_log_probs"] = lp
+    out = client.forward_backward(batch, "grpo", {"clip_ratio": 0.2})
+    assert torch.isfinite(torch.tensor(out["actor/pg_loss"])) and client.optimizer_step()["grad_norm"] > 0
+    client.sync_weights()
+    with pytest.raises(ConflictError, match="message 2"):
+        edited = [*messages[:2], {"role": "assistant", "content": "SELECT 1"}, *messages[3:-1]]
+        oa.chat.completions.create(
+            model="tiny", messages=edited, max_tokens=4, extra_headers={"X-Conversation-Id": "agent-1"}
+        )
 
 
 def check_partial_rollouts(client, model: Path) -> None:

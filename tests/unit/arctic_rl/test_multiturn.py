@@ -14,9 +14,10 @@ import torch
 from repo_paths import REPO
 
 from arctic_rl.batch import from_samples
+from arctic_rl.chat import ObservationTemplate
 from arctic_rl.envs import ENVS, Step, make_env, register_env
 from arctic_rl.errors import ConfigError, UnknownNameError
-from arctic_rl.rollout.multiturn import ObservationTemplate, play
+from arctic_rl.rollout.multiturn import play
 
 sys.path.insert(0, str(REPO / "tests"))
 from tiny_models import make_tokenizer  # noqa: E402
