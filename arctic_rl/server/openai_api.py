@@ -34,13 +34,14 @@ from openai.types.chat import ChatCompletion
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.concurrency import run_in_threadpool
 
+from arctic_rl import ops
 from arctic_rl.chat import ObservationTemplate
 from arctic_rl.config import ArcticRLClientConfig
 from arctic_rl.errors import ArcticRLError, AuthError, ProtocolError
 from arctic_rl.server.edges import check_content_type
 
-ROUTE = "/v1/chat/completions"
-CONVERSATIONS = "/v1/conversations/{cid}"
+ROUTE = ops.ROUTE_PREFIX + "/chat/completions"  # OpenAI's path under the base URL .../v1
+CONVERSATIONS = ops.ROUTE_PREFIX + "/conversations/{cid}"
 MAX_CONVERSATIONS = 4096
 CONVERSATION_ID = re.compile(r"[A-Za-z0-9._:-]{1,200}")
 
