@@ -80,9 +80,10 @@ OPS: dict[str, Op] = {
     for op in (
         Op(
             "generate",
-            (Arg("prompts", "list"), Arg("sampling_params", "dict")),
+            (Arg("prompts", "list"), Arg("sampling_params", "dict"), Arg("routing_keys", "list | None", None)),
             "list[dict]",
-            "len(prompts) * n samples, prompt-major: prompt_token_ids, token_ids, text, logprobs, finish_reason",
+            "len(prompts) * n samples, prompt-major: prompt_token_ids, token_ids, text, logprobs, finish_reason, "
+            "num_cached_tokens; a prompt's routing key (a conversation) keeps it on one sampler replica",
         ),
         Op(
             "sampler_log_probs",

@@ -32,10 +32,20 @@ class ArcticRLClient:
         return self._t.call(op, **kwargs)
 
     # -- sampling --------------------------------------------------------------------------------------------
-    def generate(self, prompts: list[str] | list[list[int]], sampling_params: dict | None = None) -> list[dict]:
+    def generate(
+        self,
+        prompts: list[str] | list[list[int]],
+        sampling_params: dict | None = None,
+        routing_keys: list[str] | None = None,
+    ) -> list[dict]:
         """`len(prompts) * n` samples, prompt-major; each {prompt_token_ids, token_ids, text, logprobs,
-        finish_reason}. sampling_params use vLLM's names (n, max_tokens, temperature, top_p, stop, seed, ...)."""
-        return self._call("generate", prompts=list(prompts), sampling_params=dict(sampling_params or {}))
+        finish_reason, num_cached_tokens}. sampling_params use vLLM's names (n, max_tokens, temperature, top_p, stop,
+        seed, ...). routing_keys (one per prompt, e.g. a conversation id): prompts with the same key go to the same
+        sampler replica across calls, so its prefix cache holds their earlier turns."""
+        kwargs: dict = {"prompts": list(prompts), "sampling_params": dict(sampling_params or {})}
+        if routing_keys is not None:
+            kwargs["routing_keys"] = list(routing_keys)
+        return self._call("generate", **kwargs)
 
     def sampler_log_probs(self, sequences: list[list[int]], prompt_lens: list[int]) -> list[list[float]]:
         """The sampler's log-probs of the tokens after each sequence's prompt (vLLM prompt log-probs)."""

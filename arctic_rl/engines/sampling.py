@@ -124,6 +124,8 @@ class SamplingWorker:
                         "text": c.text,
                         "logprobs": lps,
                         "finish_reason": c.finish_reason,
+                        # the prompt tokens vLLM found in its prefix cache (the request's, shared by its n samples)
+                        "num_cached_tokens": int(getattr(out, "num_cached_tokens", None) or 0),
                     }
                 )
             result.append(samples)

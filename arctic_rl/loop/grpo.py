@@ -228,6 +228,8 @@ def gather(
     m = {"gen": rollout.wait_s, "reward": time.perf_counter() - t0}
     if cfg.env.name is not None:  # multi-turn: model turns per conversation
         m["env/num_turns/mean"] = float(np.mean([s["num_turns"] for s in rollout.samples]))
+        sent = sum(s["prompt_tokens_sent"] for s in rollout.samples)  # vLLM's prefix cache, turns 2+ above all
+        m["env/prefix_cache_hit_rate"] = sum(s["prompt_tokens_cached"] for s in rollout.samples) / max(sent, 1)
     if not cfg.filter_groups.enable:
         return rollout, scores, m
 

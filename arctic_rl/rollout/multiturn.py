@@ -28,6 +28,7 @@ of a group the same draws once their prefixes agree).
 from __future__ import annotations
 
 import sys
+import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -35,7 +36,7 @@ from arctic_rl.chat import ObservationTemplate
 from arctic_rl.envs import Env, Step
 from arctic_rl.errors import ConfigError
 
-Generate = Callable[[list[list[int]], dict], list[dict]]
+Generate = Callable[..., list[dict]]  # client.generate: (prompts, params, routing_keys=...) -> samples
 
 
 @dataclass
@@ -48,6 +49,8 @@ class Conversation:
     mask: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     turns: list[str] = field(default_factory=list)  # the model's turns as the environment read them
+    sent: int = 0  # prompt tokens of its requests, over its turns
+    cached: int = 0  # of those, found in the replica's prefix cache
     reward: float | None = None
     finish: str = ""
 
@@ -64,6 +67,8 @@ class Conversation:
             "loss_mask": list(self.mask),
             "text": decode(self.tokens),
             "turn_texts": list(self.turns),
+            "prompt_tokens_sent": self.sent,
+            "prompt_tokens_cached": self.cached,
             "num_turns": len(self.turns),
             "reward": 0.0 if self.reward is None else float(self.reward),
             "finish_reason": self.finish,
@@ -98,7 +103,9 @@ def play(
         budget = min(max_response_tokens or sys.maxsize, (window or sys.maxsize) - len(prompt))
         prefix = str(examples[i // n].get("assistant_prefix", ""))
         convs.append(Conversation(list(prompt), env, budget=budget, prefix=prefix))
-    answers = generate([list(p) for p in prompts], params)  # turn 1: the loop's request (n, seed)
+    # Routing: a group's conversations keep one key, so every turn goes to the replica that holds their prefix.
+    tag = uuid.uuid4().hex[:12]
+    answers = generate([list(p) for p in prompts], params, routing_keys=[f"{tag}-{g}" for g in range(len(prompts))])
     going = list(range(len(convs)))
     while going:
         if len(answers) != len(going):
@@ -106,12 +113,18 @@ def play(
         still = []
         for i, out in zip(going, answers, strict=True):
             c = convs[i]
+            c.sent += len(out.get("prompt_token_ids") or [])
+            c.cached += int(out.get("num_cached_tokens") or 0)
             if _take_turn(c, out, template, decode, max_turns, turn_max):
                 still.append(i)
         going = still
         if going:
             follow = {k: v for k, v in params.items() if k not in ("n", "seed")}
-            answers = generate([convs[i].prompt + convs[i].tokens for i in going], {**follow, "n": 1})
+            answers = generate(
+                [convs[i].prompt + convs[i].tokens for i in going],
+                {**follow, "n": 1},
+                routing_keys=[f"{tag}-{i // n}" for i in going],
+            )
     return [c.sample(decode) for c in convs]
 
 

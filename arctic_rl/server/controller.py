@@ -31,6 +31,7 @@ from arctic_rl.losses import global_loss_keys, load_loss_modules, resolve_loss_f
 from arctic_rl.server import checkpoint_dirs, placement, startup, weight_check
 from arctic_rl.server.placers import make_placer
 from arctic_rl.server.requests import ENGINES, check_request, checkpoint_path, save_target
+from arctic_rl.server.routing import StickyRouter
 
 PING_TIMEOUT_S = 10.0
 
@@ -74,6 +75,7 @@ class Controller:
             self.samplers.append(
                 sample_cls.options(runtime_env=env("sampling", i, tp_env), **opts).remote(cfg.to_json(), i)
             )
+        self.router = StickyRouter(max(1, cfg.num_sampling_replicas))  # generate's routing_keys
         # Each DeepSpeed group meets at its rank 0's node (ranks may be on different nodes).
         setups = []
         for engine, group in (("training", self.trainers), ("reference", self.reference)):
@@ -183,8 +185,10 @@ class Controller:
             self._tokenizer = AutoTokenizer.from_pretrained(self.cfg.model_name)
         return len(self._tokenizer.encode(prompt))
 
-    def generate(self, prompts: list, sampling_params: dict) -> list[dict]:
+    def generate(self, prompts: list, sampling_params: dict, routing_keys: list | None = None) -> list[dict]:
         params = dict(sampling_params or {})
+        if routing_keys is not None and len(self.samplers) > 1:
+            return self._generate_routed(prompts, params, routing_keys)
         with self._sampler_locked():
             # Router: contiguous slices, so all n samples of a prompt (and neighbouring prompts that
             # often share a prefix) stay on one replica and its prefix cache.
@@ -197,6 +201,23 @@ class Controller:
             ]
             outs = self._get([r for _, r in refs], "sampling")
         return [sample for part in outs for group in part for sample in group]
+
+    def _generate_routed(self, prompts: list, params: dict, keys: list) -> list[dict]:
+        """Each prompt on the replica its routing key chose (arctic_rl.server.routing), answers in request order."""
+        weights = [len(p) if isinstance(p, list) else len(str(p)) // 4 for p in prompts]
+        where = self.router.assign([str(k) for k in keys], weights)
+        per = {r: [i for i, w in enumerate(where) if w == r] for r in sorted(set(where))}
+        with self._sampler_locked():
+            refs = [
+                (idx, self.samplers[r].generate.remote([prompts[i] for i in idx], params, idx[0]))
+                for r, idx in per.items()
+            ]
+            outs = self._get([ref for _, ref in refs], "sampling")
+        groups: list[list[dict]] = [[] for _ in prompts]
+        for (idx, _), part in zip(refs, outs):
+            for i, group in zip(idx, part):
+                groups[i] = [{**s, "replica": where[i]} for s in group]
+        return [s for g in groups for s in g]
 
     def log_probs(
         self,

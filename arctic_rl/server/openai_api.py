@@ -170,7 +170,10 @@ class OpenAIFront:
             }
             if req.seed is not None:
                 params["seed"] = req.seed
-            out = self.call("generate", {"prompts": [ids], "sampling_params": params})[0]
+            args: dict[str, Any] = {"prompts": [ids], "sampling_params": params}
+            if cid:  # a conversation's turns on one replica: its prefix cache holds the earlier ones
+                args["routing_keys"] = [cid]
+            out = self.call("generate", args)[0]
             if cid:
                 rec.tokens += new
                 rec.mask += [0] * len(new)

@@ -302,6 +302,14 @@ def check_request(
     if op == "generate":
         params = check_sampling_params(args.get("sampling_params") or {}, cfg)
         check_prompts(args.get("prompts"), params.get("n", 1), cfg, vocab, count_tokens)
+        keys = args.get("routing_keys")
+        if keys is not None:
+            prompts = args.get("prompts") or []
+            if not isinstance(keys, list) or len(keys) != len(prompts):
+                raise BatchFormatError(f"routing_keys must be a list of one string per prompt ({len(prompts)})")
+            for i, k in enumerate(keys):
+                if not isinstance(k, str) or not 1 <= len(k) <= 200:
+                    raise BatchFormatError(f"routing_keys[{i}] must be a string of 1-200 characters, got {k!r:.60}")
     elif op == "sampler_log_probs":
         seqs = _check_type(op, "sequences", args.get("sequences"), list, "a list of token-id lists")
         lens = _check_type(op, "prompt_lens", args.get("prompt_lens"), list, "a list of ints")

@@ -38,7 +38,7 @@ class ToySampler:
     sample (finish 'stop', EOS included in token_ids, not in text), else 'length'."""
 
     def __init__(self, tok):
-        self.tok, self.calls = tok, []
+        self.tok, self.calls, self.keys = tok, [], []
         self.eos = tok.convert_tokens_to_ids(tok.eos_token)
         self.first_free = max(tok.convert_tokens_to_ids(t) for t in tok.all_special_tokens) + 1
 
@@ -53,8 +53,9 @@ class ToySampler:
                 tokens[-1] = self.first_free
         return tokens, "length"
 
-    def generate(self, prompts, params):
+    def generate(self, prompts, params, routing_keys=None):
         self.calls.append(dict(params))
+        self.keys.append(routing_keys)
         out = []
         for p in prompts:
             for k in range(params.get("n", 1)):
@@ -243,3 +244,16 @@ def test_a_prefilled_answer_opens_every_turn_and_the_environment_reads_it(tok):
     assert tok.decode(obs).endswith("<|im_start|>assistant\n" + prefix)
     s = samples[0]
     assert tok.decode(s["token_ids"]).count("<|im_start|>assistant\n" + prefix) == 2  # turns 2 and 3 open with it
+
+
+def test_every_turn_of_a_group_carries_its_routing_key(tok):
+    sampler = ToySampler(tok)
+    samples, _ = run(tok, sampler)
+    first, *later = sampler.keys
+    assert len(first) == 2 and len(set(first)) == 2  # one key per prompt group
+    for keys in later:
+        assert set(keys) <= set(first)  # the same keys again: the same replicas
+    assert all(s["prompt_tokens_sent"] >= len(s["prompt_token_ids"]) * s["num_turns"] for s in samples)
+    other = ToySampler(tok)
+    run(tok, other)
+    assert not set(other.keys[0]) & set(first)  # another step's conversations are new keys

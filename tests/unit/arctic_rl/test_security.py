@@ -467,3 +467,22 @@ def test_a_zero_temperature_in_the_loss_config_would_make_the_loss_nan():
     logits, labels = torch.randn(4, 10), torch.randint(0, 10, (4,))
     assert torch.isnan(log_probs_and_entropy(logits, labels, {"temperature": 0.0})["log_probs"]).any()
     assert torch.isfinite(log_probs_and_entropy(logits, labels, {"temperature": 1.0})["log_probs"]).all()
+
+
+@pytest.mark.parametrize(
+    "keys, match",
+    [
+        (["a"], r"routing_keys must be a list of one string per prompt \(2\)"),
+        ("ab", r"routing_keys must be a list"),
+        (["a", ""], r"routing_keys\[1\] must be a string of 1-200 characters"),
+        (["a", "x" * 201], r"routing_keys\[1\] must be a string of 1-200 characters"),
+        (["a", 7], r"routing_keys\[1\]"),
+    ],
+)
+def test_generate_routing_keys_are_checked(keys, match):
+    from arctic_rl.server.requests import check_request
+
+    cfg = ArcticRLClientConfig(model_name="m", vllm_config={"max_seq_len": 64})
+    with pytest.raises(BatchFormatError, match=match):
+        check_request("generate", {"prompts": [[1, 2], [3]], "sampling_params": {}, "routing_keys": keys}, cfg, 512)
+    check_request("generate", {"prompts": [[1, 2], [3]], "sampling_params": {}, "routing_keys": ["a", "a"]}, cfg, 512)
