@@ -64,6 +64,21 @@ def _cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+# The instruction sets the CPU numbers depend on (bf16 and matmul speed above all): the machines differ here.
+SIMD_FLAGS = ("avx2", "fma", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16", "amx_tile")
+
+
+def _cpu_flags() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                have = set(line.split(":", 1)[1].split())
+                return " ".join(f for f in SIMD_FLAGS if f in have) or "none of " + " ".join(SIMD_FLAGS)
+    except OSError:
+        pass
+    return "unknown"
+
+
 def _memory_gib() -> str:
     try:
         for line in Path("/proc/meminfo").read_text().splitlines():
@@ -79,6 +94,7 @@ def machine(device: str = "cpu", bandwidth: bool = False) -> dict[str, str]:
     info = {
         "host": platform.node(),
         "cpu": f"{_cpu_model()}, {os.cpu_count()} logical cores",
+        "cpu flags": _cpu_flags(),
         "memory": _memory_gib(),
         "python": platform.python_version(),
     }

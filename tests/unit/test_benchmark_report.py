@@ -31,6 +31,7 @@ def test_report_is_a_dated_file_with_machine_load_ratio_limit_and_rates(tmp_path
     assert text.startswith("# Cascade vs standard\n")
     assert f"- date: {today} " in text
     assert "- cpu: " in text and "logical cores" in text and "- memory: " in text
+    assert "- cpu flags: " in text  # bf16 and matmul speed follow them: machines differ here
     assert re.search(
         r"load average \(1, 5, 15 min\): [\d.]+ / [\d.]+ / [\d.]+ at the start, [\d.]+ / [\d.]+ / [\d.]+ at the end",
         text,
