@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from arctic_rl.config import TOKEN_ENV
-from arctic_rl.local_ray import TEMP_ROOT, private_dir, ray_temp_root
+from arctic_rl.local_ray import RAY_SYSTEM_CONFIG, TEMP_ROOT, private_dir, ray_temp_root
 
 RANK_LABEL = "arctic-rl/rank"
 HOST_LABEL = "arctic-rl/host"
@@ -184,7 +184,7 @@ class RayNode:
         if self.is_head:
             # Fixed default ports (6379, 10001) collide with other clusters on the same machine.
             argv += ["--head", f"--port={self.port}", f"--ray-client-server-port={free_port()}"]
-            argv += ["--include-dashboard=false"]
+            argv += ["--include-dashboard=false", f"--system-config={json.dumps(RAY_SYSTEM_CONFIG)}"]
         else:
             argv += [f"--address={self.head_address}"]
         if self.node_ip:

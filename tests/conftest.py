@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import shutil
@@ -25,6 +26,8 @@ os.environ.pop("RAY_AUTH_TOKEN_PATH", None)
 sys.path.insert(0, str(Path(__file__).parent))
 
 from tiny_models import make_tiny_model  # noqa: E402
+
+from arctic_rl.local_ray import RAY_SYSTEM_CONFIG  # noqa: E402
 
 RAY = str(Path(sys.executable).parent / "ray")
 
@@ -112,6 +115,7 @@ def ray_cluster(tmp_path_factory):
             "--num-cpus=2",
             "--include-dashboard=false",
             "--disable-usage-stats",
+            f"--system-config={json.dumps(RAY_SYSTEM_CONFIG)}",
         ],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,

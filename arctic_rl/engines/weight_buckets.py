@@ -27,8 +27,8 @@ Entry = tuple[str, tuple[int, ...], int]  # name, shape, byte offset in the flat
 
 # A bucket is at most this fraction of the model. A process's extra memory during a sync is a few buckets, not
 # one: on the first sync every process touches object-store pages for the first time (the store hands out fresh
-# regions while the last buckets' frees are pending: four to six buckets' worth, which stay resident and are
-# reused by later syncs), besides the bucket being packed or loaded. At 1/16 the sampler's first sync of a
+# regions while the last buckets' frees are pending, which stay resident and are reused by later syncs; how many is
+# Ray's free period's worth: local_ray.RAY_SYSTEM_CONFIG), besides the bucket being packed or loaded. At 1/16 the sampler's first sync of a
 # small model still reached half of it (tests/e2e/test_weight_sync_memory.py); at 1/32 it stays under.
 MODEL_FRACTION = 32
 MIN_BUCKET_BYTES = 8 << 20  # below this the per-bucket round trips cost more than the memory saved

@@ -46,6 +46,7 @@ print(json.dumps({
     "raylet": f"{node['NodeManagerAddress']}:{node['NodeManagerPort']}",
     "ray_token": os.environ.get("RAY_AUTH_TOKEN", ""),
     "worker_token": ray.get(worker_env.remote(), timeout=120),
+    "system_config": ray._private.state.state.get_system_config(),
 }), flush=True)
 sys.stdin.read()  # keep the cluster up until the test closes stdin
 ray.shutdown()
@@ -178,6 +179,15 @@ def test_a_caller_without_the_token_is_refused_from_another_host(embedded):
 
 
 @pytest.mark.slow
+def test_the_cluster_frees_unreferenced_objects_often(embedded):
+    """arctic_rl.local_ray.RAY_SYSTEM_CONFIG reaches the cluster (a weight sync's first pass over the object store
+    touches about one free period's worth of buckets: tests/e2e/test_weight_sync_memory.py)."""
+    from arctic_rl.local_ray import RAY_SYSTEM_CONFIG
+
+    got = {k: embedded["system_config"].get(k) for k in RAY_SYSTEM_CONFIG}
+    assert got == RAY_SYSTEM_CONFIG, embedded["entry"]
+
+
 def test_ray_workers_never_see_the_bearer_token(embedded):
     # The driver holds ARCTIC_RL_TOKEN; its task ran (the local driver works) and saw none.
     assert embedded["worker_token"] is None, embedded["entry"]

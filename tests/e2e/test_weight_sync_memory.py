@@ -6,7 +6,9 @@ exactly (the check passes, and a sampler tensor changed by hand is caught and na
 deployment stays under that bound too, in every process: its bucket-sized transients go back to the kernel when
 freed (engines/memory.py: freed_memory_returned), and a bucket is at most 1/32 of the model, so the object-store
 pages it touches for the first time stay few (engines/weight_buckets.py). Before both, the sampler's first sync
-of this model peaked at 274-306 MiB, the trainer's at 162-203 (bound 162).
+of this model peaked at 274-306 MiB, the trainer's at 162-203 (bound 162); and with Ray's default free period
+(one second; the suite's cluster sets local_ray.RAY_SYSTEM_CONFIG's) the sampler's first sync was 169 MiB again
+on an AVX-512 EPYC.
 The same measurement on a 1B model, beside the whole-model path, is benchmarks/weight_sync.py's (its report:
 docs/benchmarks/weight_sync-*.md); it moved there from this file, where its 4 GB model cost minutes of CI.
 

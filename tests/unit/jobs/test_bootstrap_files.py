@@ -126,3 +126,16 @@ def test_the_head_stops_waiting_for_nodes_when_its_ray_dies(tmp_path):
     (tmp_path / "job").mkdir()
     with pytest.raises(RuntimeError, match="head's Ray exited while waiting for nodes.*ray-node0.log"):
         bootstrap.wait_for_nodes(cfg, "127.0.0.1:1", head_alive=lambda: False, head_log="ray-node0.log")
+
+
+def test_the_head_starts_ray_with_arctic_rls_system_config(tmp_path):
+    """Nodes that join take the head's system config, so only the head's `ray start` carries it."""
+    import json
+
+    from arctic_rl.local_ray import RAY_SYSTEM_CONFIG
+
+    cfg = config(tmp_path)
+    head = bootstrap.RayNode(cfg, head_address=None).argv()
+    flags = [a.split("=", 1)[1] for a in head if a.startswith("--system-config=")]
+    assert [json.loads(f) for f in flags] == [RAY_SYSTEM_CONFIG], head
+    assert not any(a.startswith("--system-config") for a in bootstrap.RayNode(cfg, head_address="10.0.0.1:6379").argv())
