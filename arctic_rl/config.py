@@ -55,6 +55,17 @@ class SchedulerConfig(Strict):
 
 class ZorroTrainConfig(Strict):
     enable: bool = False
+    prefix_tree: bool = Field(
+        False,
+        description="share every prefix the rows of a group have in common (a multi-turn group's first turns), "
+        "not only the prompt: arctic_rl/zorro/tree.py; needs enable",
+    )
+
+    @model_validator(mode="after")
+    def _tree_needs_zorro(self) -> ZorroTrainConfig:
+        if self.prefix_tree and not self.enable:
+            raise ValueError("zorro_train.prefix_tree=true needs zorro_train.enable=true")
+        return self
 
 
 class LoraConfig(Strict):

@@ -93,10 +93,18 @@ class LogProbModel(torch.nn.Module):
     """The HF model behind a forward that returns per-token log-probs. DeepSpeed wraps *this*, so every
     pass goes through DeepSpeedEngine.forward, which ZeRO-3 needs to hook the backward."""
 
-    def __init__(self, model: torch.nn.Module, zorro: bool, chunk_tokens: int, sync_chunk_count: bool = False):
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        zorro: bool,
+        chunk_tokens: int,
+        sync_chunk_count: bool = False,
+        prefix_tree: bool = False,
+    ):
         super().__init__()
         self.model, self.zorro, self.chunk_tokens = model, zorro, chunk_tokens
         self.sync_chunk_count = sync_chunk_count  # see arctic_rl.logprob_head.head_post_process
+        self.zorro_kw = {"prefix_tree": True} if zorro and prefix_tree else {}
 
     def forward(self, mb: Batch, pp_config: dict, post_processor="log_probs") -> dict[str, torch.Tensor]:
         return response_log_probs(
@@ -107,6 +115,7 @@ class LogProbModel(torch.nn.Module):
             chunk_tokens=self.chunk_tokens,
             post_processor=post_processor,
             sync_chunk_count=self.sync_chunk_count,
+            **self.zorro_kw,
         )
 
 
@@ -175,7 +184,8 @@ class TrainingWorker:
         # ZeRO-3 over several ranks gathers the LM head's weight collectively on every head call: the ranks
         # must make the same number of chunked head calls.
         sync_chunk_count = tc.zero_stage == 3 and self.world_size > 1
-        model = LogProbModel(hf, tc.zorro_train.enable, tc.chunk_tokens, sync_chunk_count)
+        zorro = tc.zorro_train
+        model = LogProbModel(hf, zorro.enable, tc.chunk_tokens, sync_chunk_count, zorro.prefix_tree)
         ds_config: dict[str, Any] = {
             "train_micro_batch_size_per_gpu": 1,
             "gradient_accumulation_steps": 1,

@@ -40,6 +40,7 @@ from __future__ import annotations
 import contextvars
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -135,6 +136,12 @@ def prompt_groups(batch: Batch) -> list[list[int]]:
     return out
 
 
+def packed(parts: list[torch.Tensor], dtype: torch.dtype, device) -> torch.Tensor:
+    """The plan's pieces concatenated (empty: a [0] tensor of `dtype`), on `device` (None: where they are)."""
+    t = torch.cat(parts) if parts else torch.zeros(0, dtype=dtype)
+    return t.to(device) if device is not None else t
+
+
 def build_plan(batch: Batch, *, device: torch.device | str | None = None, backend: str = "split") -> ZorroPlan:
     """Group, order and index everything once, on the CPU; tensors land on `device`."""
     B, P, R = validate_batch(batch, LOG_PROBS_KEYS)
@@ -174,8 +181,7 @@ def build_plan(batch: Batch, *, device: torch.device | str | None = None, backen
         groups.append(g)
 
     def cat(parts, dtype=torch.long):
-        t = torch.cat(parts) if parts else torch.zeros(0, dtype=dtype)
-        return t.to(device) if device is not None else t
+        return packed(parts, dtype, device)
 
     return ZorroPlan(
         groups=groups,
@@ -587,9 +593,11 @@ def zorro_log_probs(
     chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
     attention: str = "auto",
     sync_chunk_count: bool = False,
+    prefix_tree: bool = False,
 ) -> dict[str, torch.Tensor]:
     """Same outputs as `arctic_rl.engines.forward.naive_log_probs` ({"log_probs": [B, R],
-    "entropy": [B, R]?}, zeros on response padding), each shared prompt encoded once.
+    "entropy": [B, R]?}, zeros on response padding), each shared prompt encoded once; with `prefix_tree`
+    every prefix that rows of a group share (arctic_rl/zorro/tree.py), its attention the "concat" form.
 
     >>> out = zorro_log_probs(model, batch, pp_config={"compute_entropy": True})
     >>> out["log_probs"].shape == batch["responses"].shape
@@ -598,7 +606,14 @@ def zorro_log_probs(
     body, head = decoder_and_head(model)
     device = batch["input_ids"].device
     dtype = next(model.parameters()).dtype
-    plan = build_plan(batch, device=device, backend=pick_backend(device, attention, dtype))
+    plan: Any
+    if prefix_tree:
+        from arctic_rl.zorro.tree import build_tree_plan
+
+        plan = build_tree_plan(batch, device=device)
+        prefix_tree = plan.shares_past_prompts
+    if not prefix_tree:
+        plan = build_plan(batch, device=device, backend=pick_backend(device, attention, dtype))
     use_zorro_attention(model)
     token = _IN_ZORRO_BODY.set(True)
     try:
@@ -621,4 +636,6 @@ def zorro_log_probs(
         sync_chunk_count=sync_chunk_count,
     )
     B, R = plan.num_rows, plan.resp_cols
+    if prefix_tree:  # one output per packed token, copied to every row through it
+        out_M = {k: v.index_select(0, plan.out_source) for k, v in out_M.items()}
     return {k: v.new_zeros(B * R).index_copy(0, plan.out_index, v).view(B, R) for k, v in out_M.items()}

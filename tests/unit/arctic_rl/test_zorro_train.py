@@ -54,14 +54,16 @@ def tiny_model(name: str, seed: int = 0):
 
 
 def make_batch(groups, *, P: int, R: int, seed: int = 0, uid_tensor: bool = False):
-    """groups: list of (prompt_len, [response lengths]). Prompts left-padded to P, responses
-    right-padded to R, rows of the groups interleaved so that a group's rows are not adjacent."""
+    """groups: list of (prompt_len, [responses]), a response being its length (random tokens) or its token list.
+    Prompts left-padded to P, responses right-padded to R, rows of the groups interleaved so that a group's rows
+    are not adjacent."""
     g = torch.Generator().manual_seed(seed)
     rows = []
-    for gi, (plen, rlens) in enumerate(groups):
+    for gi, (plen, responses) in enumerate(groups):
         prompt = torch.randint(1, VOCAB, (plen,), generator=g)
-        for r in rlens:
-            rows.append((gi, prompt, torch.randint(1, VOCAB, (r,), generator=g)))
+        for r in responses:
+            resp = torch.randint(1, VOCAB, (r,), generator=g) if isinstance(r, int) else torch.tensor(r).long()
+            rows.append((gi, prompt, resp))
     perm = torch.randperm(len(rows), generator=g).tolist()
     rows = [rows[i] for i in perm]
     B = len(rows)
