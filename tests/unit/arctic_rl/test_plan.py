@@ -215,3 +215,17 @@ def test_the_gpu_memory_is_an_option_and_the_cpu_device_is_this_machines_ram(tmp
     assert engine_peak(m, frozen, 64, cpu)["reference"] == 4 * m.params  # the fp32 load, above the 2 B/param kept
     with pytest.raises(ConfigError, match="gpu_memory_gib must be > 0, got 0"):
         Device.gpu(0)
+
+
+def test_the_skyrl_sql_scale_multiturn_config_fits_one_node_of_8():
+    """recipes/text2sql/configs/skyrl_sql_qwen25_coder_7b.yaml (issue 27: multi-turn text-to-SQL at SkyRL-SQL's
+    published scale): Qwen2.5-Coder-7B from the architecture its recipe ships, colocated on 1 x 8 GPUs, 2 vLLM
+    engines of TP 4, ZoRRo on prefix trees, and fits on 80 GiB GPUs as shipped."""
+    path = ROOT / "recipes/text2sql/configs/skyrl_sql_qwen25_coder_7b.yaml"
+    run = load_run_config(path)
+    assert run.env is not None and run.env.max_turns == 6 and run.sampling.n == 5
+    assert run.backend["training_config"]["zorro_train"] == {"enable": True, "prefix_tree": True}
+    plan = plan_run(run, nodes=1, gpus_per_node=8, name=path.name)
+    assert 7.5e9 < plan.model.params < 7.7e9  # Qwen2.5-Coder-7B: 7.62B
+    assert plan.fits and max(g.peak for g in plan.gpus) < 80 * GiB
+    assert [sorted(e.engine for e in g.engines) for g in plan.gpus] == [["sampling", "training"]] * 8
