@@ -57,7 +57,8 @@ def make_tiny_model(
     dtype: torch.dtype = torch.float32,
     **extra,
 ) -> Path:
-    """Saves a random `family` ("llama", "qwen2", "qwen3", "mistral") model + tokenizer to `path`."""
+    """Saves a random `family` ("llama", "qwen2", "qwen3", "mistral", "qwen3_moe" with num_experts etc. in `extra`)
+    model + tokenizer to `path`."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     path = Path(path)
@@ -83,7 +84,7 @@ def make_tiny_model(
     # so log-prob comparisons are meaningful.
     with torch.no_grad():
         for p in model.parameters():
-            if p.dim() == 2:
+            if p.dim() >= 2:  # matrices, and the stacked [experts, out, in] weights of an MoE layer
                 p.normal_(0, 0.08)
     model.config.dtype = dtype
     model.save_pretrained(path)
