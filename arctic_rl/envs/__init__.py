@@ -68,12 +68,21 @@ def register_env(name: str):
     return deco
 
 
+# Environments that come with arctic-rl, imported when first named (their own dependencies load only then).
+BUILTIN = {"skyrl_gym": "arctic_rl.envs.skyrl_gym"}
+
+
 def make_env(name: str, options: dict[str, Any] | None = None) -> Env:
     """A fresh environment `name` built with `options`; an unknown name is refused naming the registered ones."""
+    if name not in ENVS and name in BUILTIN:
+        import importlib
+
+        importlib.import_module(BUILTIN[name])
     factory = ENVS.get(name)
     if factory is None:
         raise UnknownNameError(
-            f"env.name={name!r} is not a registered environment; registered: {sorted(ENVS)} (a recipe registers "
+            f"env.name={name!r} is not a registered environment; registered: {sorted(set(ENVS) | set(BUILTIN))} (a "
+            "recipe registers "
             f"its environment when imported: @register_env in recipes/<name>/__init__.py)"
         )
     try:
