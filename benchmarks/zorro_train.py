@@ -18,6 +18,9 @@ before it), measured in a fresh subprocess per variant.
     python benchmarks/zorro_train.py --quick         # small sizes, for development
     python benchmarks/zorro_train.py --device cuda   # bf16 on a GPU, Llama-3.2-1B's shape added; peak
                                                      # memory is torch's CUDA allocator high-water mark
+
+Multi-turn groups, where rows share more than the prompt (ZoRRo on prefix trees beside this one-prompt ZoRRo):
+benchmarks/zorro_tree.py.
 """
 
 from __future__ import annotations
