@@ -298,6 +298,34 @@ def _reload_bucket(worker, weights: list[tuple[str, torch.Tensor]]) -> None:
             undo.callback(lg.setLevel, level)
         worker.reload_weights(weights_iterator=iter(weights))
     _refresh_kept_kernels(worker, {name for name, _ in weights})
+    _refresh_moe_kernels(worker, {name for name, _ in weights})
+
+
+def _moe_kernel_experts(module: torch.nn.Module) -> Any:
+    """The experts kernel of a vLLM MoE layer (RoutedExperts) whose weights it prepacks in place on the first
+    process_weights_after_loading only (vLLM-CPU's grouped GEMM), else None."""
+    kernel = getattr(getattr(module, "quant_method", None), "moe_kernel", None)
+    experts = getattr(kernel, "fused_experts", None)
+    return experts if experts is not None and hasattr(experts, "isa") and hasattr(module, "w13_weight") else None
+
+
+def _refresh_moe_kernels(worker, loaded: set[str]) -> None:
+    """Prepacks again the expert weights of every MoE layer the bucket loaded into. vLLM-CPU prepacks them into
+    its grouped-GEMM layout in the parameters themselves, once: a weight update (reload) writes the checkpoint's
+    plain layout into those parameters and vLLM does not prepack them again (unquantized_fused_moe_method:
+    is_weight_update), so the sampler computed with unpacked weights (tests/e2e/test_moe.py: log-probs off by 2.15
+    after one sync of unchanged weights)."""
+    from vllm._custom_ops import cpu_prepack_moe_weight
+
+    for name, module in worker.model_runner.model.named_modules():
+        experts = _moe_kernel_experts(module)
+        if experts is None or getattr(experts, "_use_zentorch", False):
+            continue
+        prefix = name.removesuffix(".routed_experts") + "."  # the checkpoint's <layer>.mlp.experts.
+        if any(n.startswith(prefix) for n in loaded):
+            for attr in ("w13_weight", "w2_weight"):
+                param = getattr(module, attr)
+                param.data.copy_(cpu_prepack_moe_weight(param.data, experts.isa))
 
 
 def _kernels_beside_weights(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]:
@@ -327,8 +355,28 @@ def _refresh_kept_kernels(worker, loaded: set[str]) -> None:
             cast(Any, module).quant_method.process_weights_after_loading(module)
 
 
-def _pieces(name: str) -> list[str]:
-    """The trainer's parameter names a vLLM parameter is loaded from (fused pieces in order)."""
+# vLLM's stacked expert weights of an MoE layer ([experts, 2 * intermediate, hidden] and [experts, hidden,
+# intermediate]: vLLM's FusedMoE w13 = gate then up, w2 = down) and the checkpoint's per-expert names they load from.
+_EXPERT_STACKS = {
+    ".experts.routed_experts.w13_weight": ("gate_proj", "up_proj"),
+    ".experts.routed_experts.w2_weight": ("down_proj",),
+}
+
+
+def _expert_stack(name: str) -> tuple[str, tuple[str, ...]] | None:
+    for suffix, parts in _EXPERT_STACKS.items():
+        if name.endswith(suffix):
+            return name[: -len(suffix)] + ".experts", parts
+    return None
+
+
+def _pieces(name: str, param: torch.Tensor | None = None) -> list[str]:
+    """The trainer's parameter names (as the checkpoint names them) a vLLM parameter is loaded from, in order:
+    fused pieces, or an MoE layer's per-expert weights (expert-major; the expert count is `param`'s first dim)."""
+    stack = _expert_stack(name)
+    if stack is not None:
+        experts = 0 if param is None else param.shape[0]
+        return [f"{stack[0]}.{e}.{part}.weight" for e in range(experts) for part in stack[1]]
     for fused, parts in FUSED.items():
         if f".{fused}." in name:
             return [name.replace(fused, p) for p in parts]
@@ -349,10 +397,12 @@ def _check_worker_weights(worker, state: dict[str, torch.Tensor], partial: bool 
     checked = unchecked = 0
     compared: set[int] = set()  # storages of the parameters found equal to the trainer's
     for name, param in model.named_parameters():
-        if partial and not all(p in state for p in _pieces(name)):
+        if partial and not all(p in state for p in _pieces(name, param)):
             continue
         held = _held(name, param, modules)
         expected = None if held is None else _expected_param(name, held, state, rank, world)
+        if expected is not None and _expert_stack(name) is not None:
+            expected = _as_prepacked(modules.get(name.rpartition(".")[0]), expected)
         if held is None or expected is None:
             unchecked += 1
             continue
@@ -377,6 +427,17 @@ def _check_worker_weights(worker, state: dict[str, torch.Tensor], partial: bool 
                 "stale": (f"{name}.weight (its GEMM kernel's copy)", diff),
             }
     return {"checked": checked, "unchecked": unchecked, "stale": None}
+
+
+def _as_prepacked(module: torch.nn.Module | None, expected: torch.Tensor) -> torch.Tensor:
+    """Stacked expert weights as the layer holds them: prepacked the way vLLM-CPU's experts kernel prepacks them
+    (its own op), so that the comparison stays exact; as they are where the kernel keeps the plain layout."""
+    experts = None if module is None else _moe_kernel_experts(module)
+    if experts is None or getattr(experts, "_use_zentorch", False):
+        return expected
+    from vllm._custom_ops import cpu_prepack_moe_weight
+
+    return cpu_prepack_moe_weight(expected.contiguous(), experts.isa)
 
 
 def _held(name: str, param: torch.Tensor, modules: dict[str, torch.nn.Module]) -> torch.Tensor | None:
@@ -420,10 +481,15 @@ def _expected_param(
     """What `param` must hold given the trainer's full state, cast to the param's dtype (as loading does):
     fused pieces concatenated, this TP rank's shard, a padded vocabulary's extra rows taken as they are.
     None when the trainer has no such tensor or the layout is not one of these."""
-    pieces = _pieces(name)
-    if not all(p in state for p in pieces):
+    pieces = _pieces(name, param)
+    if not pieces or not all(p in state for p in pieces):
         return None
     tensors = [state[p].to(param.dtype) for p in pieces]
+    stack = _expert_stack(name)
+    if stack is not None:  # [experts, ...]: each expert's pieces concatenated, experts stacked
+        per = len(stack[1])
+        full = torch.stack([torch.cat(tensors[e * per : (e + 1) * per], 0) for e in range(param.shape[0])])
+        return full if full.shape == param.shape else None  # TP/EP shards of experts: not rebuilt here
     full = torch.cat(tensors, 0) if len(tensors) > 1 else tensors[0]
     if full.shape == param.shape:  # also what every TP rank holds of a replicated tensor (norms)
         return full

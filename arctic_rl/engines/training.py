@@ -35,7 +35,7 @@ from arctic_rl.engines.model import accelerator, load_hf_model
 from arctic_rl.engines.offload import EngineSleeper, sleep_info, state_digest
 from arctic_rl.engines.safe_load import load_tensors_only
 from arctic_rl.engines.startup import reports_start_failure
-from arctic_rl.engines.weight_buckets import Entry, bucket_bytes, pack, plan_buckets, unpack
+from arctic_rl.engines.weight_buckets import Entry, bucket_bytes, checkpoint_layout, pack, plan_buckets, unpack
 from arctic_rl.errors import ArcticRLError, EngineDeadError, EngineError
 from arctic_rl.losses import load_loss_modules, resolve_loss_fn, resolve_post_processor
 
@@ -418,7 +418,9 @@ class TrainingWorker:
         def send(ref, entries: list[Entry]) -> list:
             return [s.load_bucket.remote(ref, str(dtype).split(".")[-1], entries, load, check) for s in samplers]
 
-        return self._stream(dtype, send, "sampling")
+        # vLLM loads the checkpoint's names and layout: a model that transformers keeps in another layout (an MoE
+        # layer's experts stacked into one tensor) is sent as its checkpoint has it (checkpoint_layout).
+        return self._stream(dtype, send, "sampling", as_checkpoint=True)
 
     @_awake
     def stream_to_reference(self, reference: list) -> dict | None:
@@ -437,11 +439,15 @@ class TrainingWorker:
 
         return self._stream(dtype, send, "reference")
 
-    def _stream(self, dtype: torch.dtype, send: Callable[[Any, list[Entry]], list], engine: str) -> dict | None:
+    def _stream(
+        self, dtype: torch.dtype, send: Callable[[Any, list[Entry]], list], engine: str, as_checkpoint: bool = False
+    ) -> dict | None:
         with freed_memory_returned():
-            return self._stream_buckets(dtype, send, engine)
+            return self._stream_buckets(dtype, send, engine, as_checkpoint)
 
-    def _stream_buckets(self, dtype: torch.dtype, send: Callable[[Any, list[Entry]], list], engine: str) -> dict | None:
+    def _stream_buckets(
+        self, dtype: torch.dtype, send: Callable[[Any, list[Entry]], list], engine: str, as_checkpoint: bool
+    ) -> dict | None:
         import ray
 
         if self.rank != 0 and not self._zero3():
@@ -456,6 +462,8 @@ class TrainingWorker:
         for bucket in self._gathered_buckets(itemsize):
             if self.rank != 0:
                 continue  # took part in the gather
+            if as_checkpoint:
+                bucket = checkpoint_layout(self.module.model, bucket)
             flat, entries = pack(bucket, dtype)
             del bucket
             gather_s += time.perf_counter() - t

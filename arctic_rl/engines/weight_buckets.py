@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Iterable
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -67,6 +68,19 @@ def plan_buckets(sizes: Iterable[tuple[str, int]], bucket_bytes: int) -> list[li
     if current:
         buckets.append(current)
     return buckets
+
+
+def checkpoint_layout(
+    model: torch.nn.Module, tensors: list[tuple[str, torch.Tensor]]
+) -> list[tuple[str, torch.Tensor]]:
+    """`tensors` under the names and in the layout of the model's checkpoint, as vLLM loads them: transformers keeps
+    some models in another layout than their checkpoints (an MoE layer's experts stacked into one
+    `experts.gate_up_proj`), and its own revert_weight_conversion (what save_pretrained writes with) turns them
+    back (per-expert `experts.<e>.gate_proj.weight`, ...). Models without such a conversion pass unchanged. A bucket
+    holds whole vLLM modules, so every tensor a conversion needs is in it."""
+    from transformers.core_model_loading import revert_weight_conversion
+
+    return list(revert_weight_conversion(cast(Any, model), dict(tensors)).items())
 
 
 def pack(tensors: list[tuple[str, torch.Tensor]], dtype: torch.dtype) -> tuple[torch.Tensor, list[Entry]]:
