@@ -312,13 +312,23 @@ class CpuConfig(Strict):
     sampler_cores: int | None = Field(
         None, ge=1, description="with split: the sampler's cores on each node; None: half of them (at least 1)"
     )
+    nodes: int | None = Field(
+        None,
+        ge=1,
+        description="the Ray nodes the engines are dealt over: placement waits until that many nodes with CPUs "
+        "are alive, and refuses to start on fewer; None: ARCTIC_RL_NODES where the deployment starts (a job "
+        "launcher sets it), else the nodes alive at start",
+    )
 
     def resolved(self) -> CpuConfig:
-        """threads from OMP_NUM_THREADS where the deployment starts, when unset here (run there)."""
-        env = os.environ.get("OMP_NUM_THREADS", "")
-        if self.threads is not None or not env.isdigit() or int(env) < 1:
-            return self
-        return self.model_copy(update={"threads": int(env)})
+        """threads from OMP_NUM_THREADS and nodes from ARCTIC_RL_NODES where the deployment starts, when unset
+        here (run there)."""
+        update: dict[str, int] = {}
+        for field, env_name in (("threads", "OMP_NUM_THREADS"), ("nodes", "ARCTIC_RL_NODES")):
+            env = os.environ.get(env_name, "")
+            if getattr(self, field) is None and env.isdigit() and int(env) >= 1:
+                update[field] = int(env)
+        return self.model_copy(update=update) if update else self
 
 
 class ArcticRLClientConfig(Strict):

@@ -393,7 +393,9 @@ def run(
     )
     tracker = open_tracker(cfg, state.run_id, None if state.run_id else run_setup(cfg, client, num_gpus))
     state.run_id = tracker.run_id
-    tracker.set_tags(tracking.placement_tags(client.health()))
+    placement = tracking.placement_tags(client.health())
+    tracker.set_tags(placement)
+    print(f"[arctic-rl] placement: {placement['placement']}", flush=True)
     if resume:
         say_resumed(tracker, state.step, resume)
     flush_metrics(tracker, state)

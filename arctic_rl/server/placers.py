@@ -4,6 +4,8 @@ started with. The controller asks `make_placer` for one at start-up and releases
 
 from __future__ import annotations
 
+import time
+
 import ray
 
 from arctic_rl.config import ArcticRLClientConfig
@@ -25,13 +27,15 @@ class CpuPlacer:
     every node holds a token for any engine dealt to it; the GCS places bundles from its own view of the
     cluster, and an actor's lease then follows its bundle. (Ray's SPREAD is best effort: with 10 tokens over 2
     nodes it left one node a single token. Soft node affinity is decided from the local raylet's view, which in
-    CI had not yet seen a node that had just joined, and packed every engine on one node.)"""
+    CI had not yet seen a node that had just joined, and packed every engine on one node.)
+    With `cpu.nodes` (a job's node count) the tokens span exactly that many nodes: placement waits for them
+    and refuses to start on fewer, rather than packing a multi-node job onto the nodes that happen to be up."""
 
     def __init__(self, cfg: ArcticRLClientConfig):
         from ray.util.placement_group import placement_group, placement_group_table
 
         n = placement.cpu_bundle_count(cfg)
-        num_nodes = max(1, sum(1 for node in ray.nodes() if node["Alive"] and node["Resources"].get("CPU", 0) > 0))
+        num_nodes = wait_for_cpu_nodes(cfg.cpu.nodes)
         self.pgs = [
             placement_group([dict(placement.CPU_BUNDLE)] * num_nodes, strategy="STRICT_SPREAD") for _ in range(n)
         ]
@@ -45,8 +49,11 @@ class CpuPlacer:
         for pg in self.pgs:
             for b, node in sorted(placement_group_table(pg)["bundles_to_node_id"].items()):
                 by_node.setdefault(node, []).append((pg, b))
+        if len(by_node) != num_nodes:  # STRICT_SPREAD promises one bundle per node; say so if Ray did not
+            raise ConfigError(f"Ray put the engine tokens on {len(by_node)} node(s), not {num_nodes}: {cpu_nodes()}")
         self.queues = [by_node[k] for k in sorted(by_node)]
         self.nodes = sorted(by_node)
+        print(f"[arctic-rl] engines dealt over {num_nodes} node(s): {cpu_nodes()}", flush=True)
         cpus = {node["NodeID"]: node["Resources"].get("CPU", 1) for node in ray.nodes() if node["Alive"]}
         self.shares = {node: placement.cpu_shares(cpus.get(node, 1), cfg.cpu) for node in self.nodes}
         self.envs: dict[tuple[str, int], dict[str, str]] = {}
@@ -85,6 +92,37 @@ class CpuPlacer:
 
         for pg in self.pgs:
             remove_placement_group(pg)
+
+
+NODE_WAIT_S = 120.0
+
+
+def cpu_nodes() -> dict[str, str]:
+    """{node id: host} of the alive Ray nodes that have CPUs."""
+    return {
+        node["NodeID"]: node.get("NodeManagerHostname", "?")
+        for node in ray.nodes()
+        if node["Alive"] and node["Resources"].get("CPU", 0) > 0
+    }
+
+
+def wait_for_cpu_nodes(expected: int | None, timeout_s: float = NODE_WAIT_S) -> int:
+    """The number of nodes to deal engines over: `expected` once that many nodes with CPUs are alive (polled,
+    a ConfigError naming the ones seen after timeout_s), or with None the alive ones now (at least one)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        seen = cpu_nodes()
+        if expected is None:
+            return max(1, len(seen))
+        if len(seen) >= expected:
+            return expected
+        if time.monotonic() > deadline:
+            raise ConfigError(
+                f"cpu.nodes={expected}: only {len(seen)} Ray node(s) with CPUs alive after {timeout_s:.0f} s "
+                f"({', '.join(sorted(seen.values())) or 'none'}); start the missing nodes, or set cpu.nodes to "
+                "the nodes this cluster has"
+            )
+        time.sleep(1.0)
 
 
 class GpuPlacer:

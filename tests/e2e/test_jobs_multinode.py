@@ -167,12 +167,21 @@ def steps_of(client: MlflowClient, run_id: str, key: str = "timing_s/step") -> l
     return sorted(m.step for m in client.get_metric_history(run_id, key))
 
 
-def assert_spans_both_hosts(run) -> None:
+def bootstrap_lines(job_dir: Path | None) -> list[str]:
+    """What the job's bootstrap (every rank) and the placement said, from every attempt's logs."""
+    if job_dir is None:
+        return []
+    logs = "".join(p.read_text(errors="replace") for p in sorted((job_dir / "submitit").glob("*_log.*")))
+    return [line for line in logs.splitlines() if "[bootstrap rank" in line or "[arctic-rl] placement" in line]
+
+
+def assert_spans_both_hosts(run, job_dir: Path | None = None) -> None:
     tags = run.data.tags
-    # The placement tag in the message: CI once saw engine_hosts=arctic-n1 alone after a requeue (processes
-    # variant of the node-loss test; it passed on a rerun) and the truncated tags did not say which engine moved.
+    # The placement tag and the bootstrap's lines in the message: CI twice saw engine_hosts=arctic-n1 alone
+    # after a requeue (processes variant of the node-loss test) while nodes=2; the placer now waits for
+    # ARCTIC_RL_NODES nodes (cpu.nodes), and these lines say when each node's Ray came up if it recurs.
     why = {key: tags.get(key) for key in ("nodes", "engine_hosts", "placement", "resumed_from_step")}
-    assert tags["nodes"] == "2" and tags["engine_hosts"] == ",".join(NODES), why
+    assert tags["nodes"] == "2" and tags["engine_hosts"] == ",".join(NODES), (why, bootstrap_lines(job_dir)[-60:])
     placement = dict(item.split("=") for item in tags["placement"].split(","))
     assert {placement["training[0]"], placement["training[1]"]} == set(NODES), placement
     assert {placement["sampling[0]"], placement["sampling[1]"]} == set(NODES), placement
@@ -231,7 +240,7 @@ def test_framework_path_on_two_nodes(
     assert run.info.status == "FINISHED"
     assert run.data.tags["framework"] == framework and run.data.tags["backend"] == "arctic-rl"
     # As the text2sql run: nodes=2 and the engines on both hosts, in the framework's own MLflow run.
-    assert_spans_both_hosts(run)
+    assert_spans_both_hosts(run, job_dir)
     # The one-host framework tests' checks, here on two hosts (they skip while this cluster is up).
     uri = os.environ["MLFLOW_TRACKING_URI"]
     if framework == "verl":
@@ -346,7 +355,7 @@ def test_submitit_two_nodes_preempted_resumes(
     run = the_run(store, "text2sql", job_id)
     assert run.info.status == "FINISHED" and run.data.tags["resumed_from_step"] == str(k), run.data.tags
     assert steps_of(store, run.info.run_id) == list(range(1, PREEMPT_STEPS + 1))  # no step lost or repeated
-    assert_spans_both_hosts(run)
+    assert_spans_both_hosts(run, job_dir)
     assert ray_addresses(job_dir) >= {"10.213.0.11", "10.213.0.12"}
     assert "ray-head.1.json" in os.listdir(job_dir)  # the second attempt brought its own Ray up
     # Exact resume: every step, those after K included, equals the uninterrupted run's.
@@ -468,5 +477,5 @@ def test_node_loss_requeues_and_resumes(cluster, store: MlflowClient, size: list
     assert resumed == [(k, job_dir / "checkpoints" / f"step_{k}") for k in (first, second)], (resumed, first, second)
     assert second > first >= 1
     run = the_run(store, "text2sql", job_id)
-    assert_spans_both_hosts(run)  # the victim held trainer rank 1 and a sampler replica
+    assert_spans_both_hosts(run, job_dir)  # the victim held trainer rank 1 and a sampler replica
     assert run.info.status == "FINISHED" and steps_of(store, run.info.run_id) == list(range(1, PREEMPT_STEPS + 1))

@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 from repo_paths import REPO
@@ -45,6 +46,30 @@ def test_the_thread_count_comes_from_omp_num_threads_where_the_deployment_starts
     assert CpuConfig(threads=5).resolved().threads == 5  # the config's own wins
     monkeypatch.setenv("OMP_NUM_THREADS", "lots")
     assert CpuConfig().resolved().threads is None
+
+
+def test_a_job_s_node_count_comes_from_arctic_rl_nodes_where_the_deployment_starts(monkeypatch):
+    monkeypatch.delenv("ARCTIC_RL_NODES", raising=False)
+    assert CpuConfig().resolved().nodes is None
+    monkeypatch.setenv("ARCTIC_RL_NODES", "2")  # jobs.bootstrap sets it for the job's command
+    assert CpuConfig().resolved().nodes == 2
+    assert CpuConfig(nodes=1).resolved().nodes == 1  # the config's own wins
+
+
+def test_placement_waits_for_the_job_s_nodes_and_refuses_fewer(ray_cluster):
+    """On the suite's real one-node Ray cluster: without a count, the nodes alive; with cpu.nodes=1, one; with
+    cpu.nodes=2 it waits, then refuses naming the field and the node it saw (a two-node job whose second node
+    was not up would otherwise put every engine on the first: CI saw it after a requeue)."""
+    import ray
+
+    from arctic_rl.server.placers import cpu_nodes, wait_for_cpu_nodes
+
+    ray.init(address=ray_cluster, ignore_reinit_error=True, logging_level="ERROR")
+    assert wait_for_cpu_nodes(None) == wait_for_cpu_nodes(1) == len(cpu_nodes()) == 1
+    t0 = time.monotonic()
+    with pytest.raises(ConfigError, match=r"cpu.nodes=2: only 1 Ray node\(s\) with CPUs alive after 2 s \(.+\)"):
+        wait_for_cpu_nodes(2, timeout_s=2)
+    assert time.monotonic() - t0 >= 2  # it waited for the node before refusing
 
 
 def test_an_async_run_splits_the_cores_unless_told_otherwise(tiny_llama):
