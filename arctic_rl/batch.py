@@ -16,6 +16,8 @@ Shapes legend: B rows, T = P + R total columns, P prompt columns, R response col
   weights          [B, R]   float   optional; per-token loss weights (the Tinker losses' cross_entropy)
   rollout_policy_version [B, R] int optional; the policy version that sampled each response token (partial
                                     rollouts, arctic_rl/rollout/partial.py); -1 on padding; no op reads it
+  routed_experts   [B, T, L, k] int16/32/64 optional; per token and decoder layer, the k experts the sampler routed it
+                                    to (router replay, arctic_rl/router_replay.py); -1 where none
   uid              [B]      str     the prompt group of each row (a list of strings, or ints)
 
 No other key is accepted; each row's tokens (prompt + response) are at most the deployment's max_seq_len, and
@@ -41,7 +43,9 @@ INT_KEYS = ("input_ids", "attention_mask", "position_ids", "responses", "respons
 LOG_PROBS_KEYS = ("input_ids", "attention_mask", "responses")
 TRAIN_KEYS = ("input_ids", "attention_mask", "responses", "response_mask")
 MASK_KEYS = ("attention_mask", "response_mask")
-KNOWN_KEYS = (*INT_KEYS, *FLOAT_KEYS, "uid")
+ROUTING_KEY = "routed_experts"
+ROUTING_DTYPES = (torch.int16, torch.int32, torch.int64)
+KNOWN_KEYS = (*INT_KEYS, *FLOAT_KEYS, ROUTING_KEY, "uid")
 # Token ids and positions index embeddings and rotary tables: a narrower dtype (bool, uint8) wraps or is read
 # as a mask. Masks may be any integer or bool dtype (frameworks hand over their own), valued 0 or 1.
 ID_DTYPES = (torch.int32, torch.int64)
@@ -106,6 +110,12 @@ def validate_batch(
     for key, shape in expect.items():
         if key in batch and tuple(batch[key].shape) != shape:
             raise BatchError(f"batch[{key!r}] must have shape {list(shape)}, got {_shape(batch[key])}")
+    if ROUTING_KEY in batch:
+        routed = batch[ROUTING_KEY]
+        if routed.dim() != 4 or tuple(routed.shape[:2]) != (B, T):
+            raise BatchError(f"batch['routed_experts'] must be [B={B}, T={T}, layers, k], got shape {_shape(routed)}")
+        if routed.numel() and int(routed.min()) < -1:
+            raise BatchError(f"batch['routed_experts'] holds {int(routed.min())}: expert ids are >= 0, -1 for none")
     if "advantages" in batch and tuple(batch["advantages"].shape) not in ((B, R), (B,)):
         raise BatchError(f"batch['advantages'] must have shape [{B}, {R}] or [{B}], got {_shape(batch['advantages'])}")
     if not torch.equal(ids[:, P:], resp):
@@ -123,6 +133,8 @@ def _check_dtypes(batch: Batch) -> None:
     for key, val in batch.items():
         if key in MASK_KEYS:
             allowed: tuple[torch.dtype, ...] = MASK_DTYPES
+        elif key == ROUTING_KEY:
+            allowed = ROUTING_DTYPES
         elif key in INT_KEYS:
             allowed = ID_DTYPES
         elif key in FLOAT_KEYS:
@@ -273,4 +285,26 @@ def from_samples(samples: list[dict], uids: list, pad_token_id: int = 0) -> Batc
     }
     if versions is not None:
         out["rollout_policy_version"] = versions
+    routed = routed_experts(samples, P, R)
+    if routed is not None:
+        out[ROUTING_KEY] = routed
+    return out
+
+
+def routed_experts(samples: list[dict], P: int, R: int) -> torch.Tensor | None:
+    """[B, P + R, L, k] int16 from the samples' `routed_experts` ([tokens, L, k]: the sampler's expert ids for the
+    tokens it computed, prompt then response, in order), aligned with input_ids; -1 elsewhere. None when no
+    sample has them; all or none must (router replay is a deployment's setting)."""
+    have = [s.get(ROUTING_KEY) is not None for s in samples]
+    if not any(have):
+        return None
+    if not all(have):
+        raise BatchError(f"routed_experts: samples {[i for i, h in enumerate(have) if not h][:8]} have none")
+    first = torch.as_tensor(samples[have.index(True)][ROUTING_KEY])
+    out = torch.full((len(samples), P + R, *first.shape[1:]), -1, dtype=torch.int16)
+    for i, s in enumerate(samples):
+        rows = torch.as_tensor(s[ROUTING_KEY]).to(torch.int16)
+        start = P - len(s["prompt_token_ids"])
+        n = min(rows.shape[0], len(s["prompt_token_ids"]) + len(s["token_ids"]))
+        out[i, start : start + n] = rows[:n]
     return out

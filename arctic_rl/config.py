@@ -68,6 +68,18 @@ class ZorroTrainConfig(Strict):
         return self
 
 
+class RouterReplayConfig(Strict):
+    """Rollout router replay (R3) for mixture-of-experts models: the sampler records the experts it routed each
+    token to, and the trainer routes each token to those (arctic_rl/router_replay.py)."""
+
+    enable: bool = False
+    prompt_tokens: Literal["replay", "route"] = Field(
+        "replay",
+        description="replay: the prompt's tokens take the sampler's routing too (verl's R3); route: the trainer's "
+        "router routes them and only the response tokens are replayed",
+    )
+
+
 class LoraConfig(Strict):
     """LoRA adapters (PEFT) on the trainer's model: only the adapters train; the base weights stay frozen."""
 
@@ -117,6 +129,7 @@ class TrainingConfig(Strict):
     chunk_tokens: int = Field(1024, ge=1, description="tokens per LM-head/log-softmax chunk")
     zorro_train: ZorroTrainConfig = ZorroTrainConfig()
     lora: LoraConfig | None = Field(None, description="None: full-parameter training; else LoRA adapters only")
+    router_replay: RouterReplayConfig = RouterReplayConfig()
 
     @model_validator(mode="after")
     def _lora_below_zero3(self):

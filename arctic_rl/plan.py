@@ -26,6 +26,12 @@ phase, in GiB:
   sampler    vLLM takes gpu_memory_utilization x the GPU's memory (weights / TP, then KV cache in the rest).
   context    about 0.5 GiB of CUDA context per process on the device; on a CPU device, the runtime the
              engine's process loads instead (CPU_RUNTIME) and AdamW's unfused step's temporary.
+  experts    an MoE model (ModelShape.experts > 0): parameters count every expert; activations count the
+             experts_per_token experts a token goes to; `routing` is the trainer's router logits, top-k ids and
+             weights and the dispatch mask (routing_bytes); LoRA counts PEFT's adapters on the stacked experts
+             and routers too.
+  host       every trainer/reference rank loads the whole model in fp32 before DeepSpeed partitions it; more than
+             --host-memory-gib (default DEFAULT_HOST_MEMORY_GIB) on the busiest node is a problem.
 The GPU's memory is --gpu-memory-gib (default 80, DEFAULT_GPU_MEMORY_GIB); the same per-engine model on a
 CPU device (Device.cpu(), the machine's RAM: engine_memory / engine_peak) has no CUDA context, vLLM-CPU's
 fixed KV cache, and the fp32 load as a start-up peak (tests/gpu/test_gpu_plan.py checks the GPU model
@@ -51,6 +57,7 @@ from arctic_rl.server import placement
 
 GiB = 1024**3
 DEFAULT_GPU_MEMORY_GIB = 80.0  # `--gpu-memory-gib` of `arctic-rl plan` and the launchers, unless given
+DEFAULT_HOST_MEMORY_GIB = 2048.0  # `--host-memory-gib`: an 8-GPU HGX/DGX H100 node's 2 TiB
 CUDA_CONTEXT = 0.5 * GiB
 # A CPU engine's counterpart: what its process adds after its baseline mark besides its tensors (the model's and
 # DeepSpeed's modules imported, oneDNN's kernels and buffers at the first GEMM); measured with a model of
@@ -80,6 +87,24 @@ class ModelShape:
     source: str
     # (module name, in_features, out_features) of every linear layer but the LM head: what LoRA can adapt
     linears: tuple[tuple[str, int, int], ...] = field(default=(), repr=False)
+    # Mixture of experts (0 for a dense model): routed experts per MoE layer, experts each token goes to, the
+    # parameters of all routed experts, the layers that route, one expert's intermediate size, and the shapes
+    # (name, experts, d1, d2) of the stacked expert tensors and (experts, hidden) of the routers, which PEFT's
+    # 'all-linear' adapts as parameters (one low-rank update per expert)
+    experts: int = 0
+    experts_per_token: int = 0
+    expert_params: int = 0
+    moe_layers: int = 0
+    moe_intermediate: int = 0
+    stacked: tuple[tuple[str, int, int, int], ...] = field(default=(), repr=False)
+    routers: tuple[tuple[int, int], ...] = field(default=(), repr=False)
+
+    @property
+    def active_params(self) -> int:
+        """Parameters one token computes with: all but the routed experts, and experts_per_token of those."""
+        if not self.experts:
+            return self.params
+        return self.params - self.expert_params + self.expert_params * self.experts_per_token // self.experts
 
 
 @dataclass(frozen=True)
@@ -162,6 +187,14 @@ class Plan:
         out = [
             f"plan: {self.run} on {self.nodes} node(s) x {self.gpus_per_node} GPU(s) ({_g(self.gpu_memory)} GiB each)",
             f"model: {m.params / 1e9:.2f}B params ({m.source}); {m.layers} layers, hidden {m.hidden}",
+            *(
+                [
+                    f"experts: {m.moe_layers} MoE layers x {m.experts} experts, {m.experts_per_token} per token; "
+                    f"{m.expert_params / 1e9:.2f}B expert params, {m.active_params / 1e9:.2f}B active per token"
+                ]
+                if m.experts
+                else []
+            ),
             f"engines: {c.training_gpus} trainer rank(s) ZeRO-{c.training_config.zero_stage}, "
             f"{c.num_sampling_replicas} sampler replica(s) x TP {c.vllm_config.tensor_parallel_size}, "
             f"{placement.num_reference_workers(c)} reference worker(s); "
@@ -276,8 +309,18 @@ def _config_from(path: Path):
     return AutoConfig.for_model(model_type, **data)
 
 
+# Config keys of the routed-expert count and top-k across HF's MoE families (Qwen2/3-MoE, Mixtral, DeepSeek, GLM)
+EXPERT_KEYS = ("num_experts", "num_local_experts", "n_routed_experts")
+TOP_K_KEYS = ("num_experts_per_tok", "moe_topk")
+
+
+def _first(c, keys: tuple[str, ...]) -> int:
+    return next((int(getattr(c, k)) for k in keys if getattr(c, k, None)), 0)
+
+
 def model_shape(hf_config, source: str) -> ModelShape:
-    """Exact parameter count from the architecture built on the meta device (no memory, no weights)."""
+    """Exact parameter count from the architecture built on the meta device (no memory, no weights). An MoE
+    model's routed experts are the parameters under an `experts` module (a shared expert is not routed)."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -294,6 +337,8 @@ def model_shape(hf_config, source: str) -> ModelShape:
     heads = c.num_attention_heads
     head_dim = getattr(c, "head_dim", None) or c.hidden_size // heads
     kv_heads = getattr(c, "num_key_value_heads", None) or heads
+    experts, routed = _first(c, EXPERT_KEYS), [(n, p) for n, p in model.named_parameters() if ".experts." in n]
+    moe = experts > 0 and bool(routed)
     return ModelShape(
         params,
         c.num_hidden_layers,
@@ -305,6 +350,17 @@ def model_shape(hf_config, source: str) -> ModelShape:
         c.vocab_size,
         source,
         linears,
+        experts=experts if moe else 0,
+        experts_per_token=_first(c, TOP_K_KEYS) if moe else 0,
+        expert_params=sum(p.numel() for _, p in routed),
+        moe_layers=len({n.split(".experts.")[0] for n, _ in routed}),
+        moe_intermediate=int(getattr(c, "moe_intermediate_size", 0) or c.intermediate_size) if moe else 0,
+        stacked=tuple((n.rpartition(".")[2], *p.shape) for n, p in routed if p.dim() == 3),
+        routers=tuple(
+            (experts, p.shape[-1])
+            for n, p in model.named_parameters()
+            if moe and p.dim() == 2 and p.shape[0] == experts and n.endswith("gate.weight")
+        ),
     )
 
 
@@ -329,13 +385,21 @@ def micro_batch_tokens(run: RunConfig, client: ArcticRLClientConfig) -> int:
 
 def lora_params(m: ModelShape, lora: LoraConfig) -> int:
     """Elements of PEFT's adapters: A (rank x in) and B (out x rank) on every targeted linear layer; PEFT's
-    match: 'all-linear' is every linear layer but the LM head, a name matches itself or a dotted suffix."""
+    match: 'all-linear' is every linear layer but the LM head, a name matches itself or a dotted suffix. On an
+    MoE model 'all-linear' also adapts each stacked expert tensor (E, d1, d2) with A (d1 x rank*E) and B
+    (rank*E x d2), and each router (E, hidden) as one linear layer (PEFT's ParamWrapper). A fused gate_up_proj
+    gets twice the rank: PEFT gives the gate and the up projection their rank each, as it would unfused."""
     targets = lora.target_modules
+    r = lora.rank
 
     def hit(name: str) -> bool:
         return targets == "all-linear" or any(name == t or name.endswith("." + t) for t in targets)
 
-    return sum(lora.rank * (fan_in + fan_out) for name, fan_in, fan_out in m.linears if hit(name))
+    total = sum(r * (fan_in + fan_out) for name, fan_in, fan_out in m.linears if hit(name))
+    if targets == "all-linear":
+        stacked = sum((2 * r if leaf == "gate_up_proj" else r) * e * (d1 + d2) for leaf, e, d1, d2 in m.stacked)
+        total += stacked + sum(r * (e + h) for e, h in m.routers)
+    return total
 
 
 def trainer_bytes(
@@ -362,6 +426,8 @@ def trainer_bytes(
     out["activations"] = activation_bytes(
         m, tokens, p, tc.gradient_checkpointing, tc.chunk_tokens, offload=tc.offload_activations
     )
+    if m.experts:
+        out["routing"] = routing_bytes(m, tokens, tc.gradient_checkpointing)
     if device.kind == "cuda":
         out["context"] = CUDA_CONTEXT
     else:
@@ -376,13 +442,28 @@ def activation_bytes(
     m: ModelShape, tokens: int, b: int, checkpointing: bool, chunk_tokens: int, offload: bool = False
 ) -> float:
     # what autograd keeps of one decoder layer per token: norms, q/k/v and their rotated copies, attention
-    # output, the MLP's gate, up, activation and product (roughly)
-    layer = tokens * b * (3 * m.hidden + 4 * m.q_dim + 4 * m.kv_dim + 5 * m.intermediate)
+    # output, the MLP's gate, up, activation and product (roughly); in an MoE layer the MLP's part is that of
+    # the experts_per_token experts each token goes to
+    attention = 3 * m.hidden + 4 * m.q_dim + 4 * m.kv_dim
+    dense = tokens * b * (attention + 5 * m.intermediate)
+    sparse = tokens * b * (attention + 5 * m.experts_per_token * m.moe_intermediate)
+    dense_layers = m.layers - m.moe_layers
+    layer = max(dense if dense_layers else 0, sparse if m.moe_layers else 0)
     # checkpointing keeps each layer's input (on the host with offload_activations) and recomputes one layer
     inputs = 0 if offload else m.layers * tokens * m.hidden * b
-    kept = inputs + layer if checkpointing else m.layers * layer
+    kept = inputs + layer if checkpointing else dense_layers * dense + m.moe_layers * sparse
     logits = 3 * min(chunk_tokens, tokens) * m.vocab * 4  # fp32 logits, log-softmax and its grad of a chunk
     return kept + logits
+
+
+def routing_bytes(m: ModelShape, tokens: int, checkpointing: bool) -> float:
+    """An MoE trainer's routing tensors: per token and MoE layer the fp32 router logits and softmax autograd keeps
+    (2 x 4 B x experts) and the top-k weights and int64 expert ids (12 B x experts_per_token), for every MoE layer
+    or, with checkpointing, the one recomputed; plus the layer being computed's dispatch mask, transformers'
+    one-hot of the ids (int64, experts x experts_per_token per token)."""
+    kept_layers = 1 if checkpointing else m.moe_layers
+    per_layer = 8 * m.experts + 12 * m.experts_per_token
+    return tokens * (kept_layers * per_layer + 8 * m.experts * m.experts_per_token)
 
 
 def reference_bytes(m: ModelShape, client: ArcticRLClientConfig, device: Device | None = None) -> dict[str, float]:
@@ -458,6 +539,7 @@ def make_plan(
     gpu_memory_gib: float = DEFAULT_GPU_MEMORY_GIB,
     model_config_path: str | None = None,
     name: str = "config",
+    host_memory_gib: float = DEFAULT_HOST_MEMORY_GIB,
 ) -> Plan:
     """The plan, with `problems` listing every reason it cannot run (empty: it fits)."""
     for key, val in (("nodes", nodes), ("gpus_per_node", gpus_per_node)):
@@ -465,8 +547,9 @@ def make_plan(
             raise ConfigError(f"{key} must be a positive integer, got {val!r}")
     if cpus_per_node is not None and cpus_per_node < 1:
         raise ConfigError(f"cpus_per_node must be a positive integer, got {cpus_per_node!r}")
-    if not gpu_memory_gib > 0:
-        raise ConfigError(f"gpu_memory_gib must be > 0, got {gpu_memory_gib!r}")
+    for key, mem in (("gpu_memory_gib", gpu_memory_gib), ("host_memory_gib", host_memory_gib)):
+        if not mem > 0:
+            raise ConfigError(f"{key} must be > 0, got {mem!r}")
     # The backend section as the run will use it; YaRN needs the model's rope_theta, which changes no size.
     client = run._client_config(resolve_yarn=False)
     m = model_shape(*model_config(run, model_config_path))
@@ -499,6 +582,13 @@ def make_plan(
         sum(e.engine != "sampling" for g in gpus.values() if g.node == k for e in g.engines) for k in range(nodes)
     )
     notes = _notes(run, client, m, phases, loaders, kv_tokens)
+    if FP32_LOAD * m.params * loaders > host_memory_gib * GiB:
+        problems.append(
+            f"host memory at start-up: {loaders} trainer/reference worker(s) on the busiest node each load the "
+            f"whole model in fp32 ({_g(FP32_LOAD * m.params)} GiB) before DeepSpeed partitions it, "
+            f"{_g(FP32_LOAD * m.params * loaders)} GiB > --host-memory-gib={host_memory_gib:g} (ranks that load "
+            "only their ZeRO-3 partitions are not built yet: use nodes with more memory, or fewer ranks per node)"
+        )
     return Plan(
         name,
         nodes,
@@ -593,9 +683,12 @@ def plan_run(
     gpu_memory_gib: float = DEFAULT_GPU_MEMORY_GIB,
     model_config_path: str | None = None,
     name: str = "config",
+    host_memory_gib: float = DEFAULT_HOST_MEMORY_GIB,
 ) -> Plan:
     """make_plan, raising ConfigError with every reason when the run cannot fit."""
-    return make_plan(run, nodes, gpus_per_node, cpus_per_node, gpu_memory_gib, model_config_path, name).check()
+    return make_plan(
+        run, nodes, gpus_per_node, cpus_per_node, gpu_memory_gib, model_config_path, name, host_memory_gib
+    ).check()
 
 
 def _pools(layout: placement.GpuLayout) -> str:
@@ -708,6 +801,12 @@ def main(argv: list[str] | None = None) -> int:
         default=DEFAULT_GPU_MEMORY_GIB,
         help=f"memory of one GPU in GiB (default {DEFAULT_GPU_MEMORY_GIB:g}: an 80 GB A100/H100)",
     )
+    p.add_argument(
+        "--host-memory-gib",
+        type=float,
+        default=DEFAULT_HOST_MEMORY_GIB,
+        help=f"host memory of one node in GiB (default {DEFAULT_HOST_MEMORY_GIB:g}: an HGX/DGX H100 node)",
+    )
     p.add_argument("--model-config", default=None, help="an HF config.json (or folder) to size a hub model from")
     a = p.parse_args(argv)
     try:
@@ -719,6 +818,7 @@ def main(argv: list[str] | None = None) -> int:
             a.gpu_memory_gib,
             a.model_config,
             name=a.config,
+            host_memory_gib=a.host_memory_gib,
         )
     except ConfigError as e:
         print(f"arctic-rl plan: {e}", file=sys.stderr)

@@ -15,6 +15,7 @@ import torch
 
 from arctic_rl.batch import Batch, position_ids
 from arctic_rl.logprob_head import DEFAULT_CHUNK_TOKENS, decoder_and_head, head_post_process
+from arctic_rl.router_replay import set_routing
 from arctic_rl.zorro.train import zorro_log_probs
 
 
@@ -26,14 +27,17 @@ def naive_log_probs(
     pp_config: dict | None = None,
     chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
     sync_chunk_count: bool = False,
+    routed_experts: torch.Tensor | None = None,
 ) -> dict[str, torch.Tensor]:
     """{"log_probs": [B, R], "entropy": [B, R]?}; zeros where the response is padding.
-    `sync_chunk_count`: see `arctic_rl.logprob_head.head_post_process`."""
+    `sync_chunk_count`: see `arctic_rl.logprob_head.head_post_process`. `routed_experts` [B, T, L, k]: the
+    routing an MoE model replays (arctic_rl.router_replay; None: its routers route)."""
     pp_config = pp_config or {}
     ids_BT, mask_BT = batch["input_ids"], batch["attention_mask"]
     B, T = ids_BT.shape
     R = batch["responses"].shape[1]
     body, head = decoder_and_head(model)
+    set_routing(model, routed_experts.reshape(B * T, *routed_experts.shape[2:]) if routed_experts is not None else None)
     hidden_BTH = body(
         input_ids=ids_BT, attention_mask=mask_BT, position_ids=position_ids(batch), use_cache=False
     ).last_hidden_state

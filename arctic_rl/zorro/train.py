@@ -47,6 +47,7 @@ import torch.nn.functional as F
 
 from arctic_rl.batch import LOG_PROBS_KEYS, Batch, BatchError, group_rows, position_ids, validate_batch
 from arctic_rl.logprob_head import DEFAULT_CHUNK_TOKENS, decoder_and_head, head_post_process
+from arctic_rl.router_replay import set_routing
 from arctic_rl.zorro.merge import merge_attention_states
 
 ATTN_IMPLEMENTATION = "arctic_zorro"
@@ -96,6 +97,8 @@ class ZorroPlan:
     backend: str = "split"
     max_seq_len: int = 0  # longest prompt + response (sliding-window check)
     _cache: dict = field(default_factory=dict)  # per-backend index tensors, built on first use
+    source_index: torch.Tensor | None = None  # [N] row * T + column of each packed token in the batch
+    aliases: list = field(default_factory=list)  # (rows, first column, end column): tokens packed once for rows
 
     @property
     def num_tokens(self) -> int:
@@ -150,7 +153,9 @@ def build_plan(batch: Batch, *, device: torch.device | str | None = None, backen
     _check_padding(mask, P)
     plen, rlen = mask[:, :P].sum(1).tolist(), mask[:, P:].sum(1).tolist()
 
-    ids_parts, pos_parts, pred_parts, label_parts, out_parts = [], [], [], [], []
+    ids_parts, pos_parts, pred_parts, label_parts, out_parts, src_parts = [], [], [], [], [], []
+    aliases: list[tuple[list[int], int, int]] = []
+    T = ids.shape[1]
     groups: list[Group] = []
     offset, max_len = 0, 0
     for rows in prompt_groups(batch):
@@ -159,6 +164,8 @@ def build_plan(batch: Batch, *, device: torch.device | str | None = None, backen
         g = Group(rows=rows, start=offset, prompt_len=p, resp_lens=[rlen[i] for i in rows])
         ids_parts.append(ids[rows[0], P - p : P])
         pos_parts.append(pos[rows[0], P - p : P])
+        src_parts.append(torch.arange(rows[0] * T + P - p, rows[0] * T + P))
+        aliases.append((rows, P - p, P))
         last_prompt = offset + p - 1
         cur = offset + p
         for i in rows:
@@ -168,6 +175,7 @@ def build_plan(batch: Batch, *, device: torch.device | str | None = None, backen
                 continue
             ids_parts.append(ids[i, P : P + r])
             pos_parts.append(pos[i, P : P + r])
+            src_parts.append(torch.arange(i * T + P, i * T + P + r))
             # response token j is predicted by the hidden state of token j-1 (the prompt's last for j=0)
             pred_parts.append(torch.cat([torch.tensor([last_prompt]), torch.arange(cur, cur + r - 1)]))
             label_parts.append(ids[i, P : P + r])
@@ -194,6 +202,8 @@ def build_plan(batch: Batch, *, device: torch.device | str | None = None, backen
         resp_cols=R,
         backend=backend,
         max_seq_len=max_len,
+        source_index=cat(src_parts),
+        aliases=aliases,
     )
 
 
@@ -584,6 +594,26 @@ def pick_backend(device: torch.device, attention: str = "auto", dtype: torch.dty
     return "concat"
 
 
+def _packed_routing(plan, routed_BTLk: torch.Tensor) -> torch.Tensor:
+    """The routing to replay ([B, T, L, k]) in the plan's packed token order. A token packed once for several rows
+    (a group's prompt, a shared prefix) must have the same routing in each: the sampler's record gives equal
+    prefixes equal routing (engines/routing_capture.py), and a batch where they differ is refused, since the one
+    packed token can be routed only one way."""
+    for rows, a, b in plan.aliases:
+        if len(rows) > 1:
+            block = routed_BTLk[rows, a:b]
+            differ = (block != block[:1]).flatten(2).any(-1)  # [rows, columns]
+            if differ.any():
+                r, c = (int(x) for x in differ.nonzero()[0])
+                raise BatchError(
+                    f"router replay with ZoRRo: rows {rows[0]} and {rows[r]} share the token at column {a + c} "
+                    f"(packed once) but batch['routed_experts'] routes it differently there; the sampler's record "
+                    "routes equal prefixes equally, so this batch's routing does not come from one sampler record"
+                )
+    B, T = routed_BTLk.shape[:2]
+    return routed_BTLk.reshape(B * T, *routed_BTLk.shape[2:]).index_select(0, plan.source_index.to(routed_BTLk.device))
+
+
 def zorro_log_probs(
     model,
     batch: Batch,
@@ -594,6 +624,7 @@ def zorro_log_probs(
     attention: str = "auto",
     sync_chunk_count: bool = False,
     prefix_tree: bool = False,
+    routed_experts: torch.Tensor | None = None,
 ) -> dict[str, torch.Tensor]:
     """Same outputs as `arctic_rl.engines.forward.naive_log_probs` ({"log_probs": [B, R],
     "entropy": [B, R]?}, zeros on response padding), each shared prompt encoded once; with `prefix_tree`
@@ -614,6 +645,7 @@ def zorro_log_probs(
         prefix_tree = plan.shares_past_prompts
     if not prefix_tree:
         plan = build_plan(batch, device=device, backend=pick_backend(device, attention, dtype))
+    set_routing(model, _packed_routing(plan, routed_experts) if routed_experts is not None else None)
     use_zorro_attention(model)
     token = _IN_ZORRO_BODY.set(True)
     try:

@@ -53,6 +53,8 @@ class TreePlan:
     resp_cols: int
     shares_past_prompts: bool = True  # False: every response is its own node (the flat plan does the same work)
     backend: str = "tree"
+    source_index: torch.Tensor | None = None  # [N] row * T + column of each packed token in the batch
+    aliases: list = field(default_factory=list)  # (rows, first column, end column): tokens packed once for rows
     max_seq_len: int = 0
     _cache: dict = field(default_factory=dict)
 
@@ -95,8 +97,9 @@ def build_tree_plan(batch: Batch, *, device: torch.device | str | None = None) -
     def key(row: int, d: int):
         return resp[row][d] if d < rlen[row] else None
 
-    ids_parts, pos_parts, nodes = [], [], []
+    ids_parts, pos_parts, nodes, src_parts, aliases = [], [], [], [], []
     pred, labels, out_index, out_source = [], [], [], []
+    T = ids.shape[1]
     offset, max_len, units, shared = 0, 0, 0, False
     for rows in train.prompt_groups(batch):
         p = plen[rows[0]]
@@ -104,6 +107,8 @@ def build_tree_plan(batch: Batch, *, device: torch.device | str | None = None) -
         nodes.append(Node(start=offset, length=p, context=torch.zeros(0, dtype=torch.long)))
         ids_parts.append(ids[rows[0], P - p : P])
         pos_parts.append(pos[rows[0], P - p : P])
+        src_parts.append(torch.arange(rows[0] * T + P - p, rows[0] * T + P))
+        aliases.append((rows, P - p, P))
         offset += p
         # per row: packed positions of its tokens so far (prompt, then each node on its path)
         path = {r: prompt for r in rows}
@@ -114,6 +119,8 @@ def build_tree_plan(batch: Batch, *, device: torch.device | str | None = None) -
             nodes.append(Node(start=offset, length=b - a, context=context))
             ids_parts.append(ids[r0, P + a : P + b])
             pos_parts.append(pos[r0, P + a : P + b])
+            src_parts.append(torch.arange(r0 * T + P + a, r0 * T + P + b))
+            aliases.append((sub, P + a, P + b))
             # token t of the node is predicted by the token before it: the context's last for the first
             pred.append(torch.cat([context[-1:], own[:-1]]))
             labels.append(ids[r0, P + a : P + b])
@@ -140,6 +147,8 @@ def build_tree_plan(batch: Batch, *, device: torch.device | str | None = None) -
         resp_cols=R,
         shares_past_prompts=shared,
         max_seq_len=max_len,
+        source_index=cat(src_parts),
+        aliases=aliases,
     )
 
 

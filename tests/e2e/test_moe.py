@@ -4,13 +4,19 @@ DeepSpeed trains, and a weight sync after a step leaves the sampler computing wi
 transformers keeps an MoE layer's experts stacked (`experts.gate_up_proj` [experts, 2 * intermediate, hidden]);
 the sync sends them as the checkpoint names them (per expert, engines/weight_buckets.checkpoint_layout), vLLM-CPU
 holds them prepacked for its grouped GEMM, and its reload leaves them unpacked: the sampler prepacks them again
-(engines/sampling._refresh_moe_kernels), and the exact check compares them prepacked the same way."""
+(engines/sampling._refresh_moe_kernels), and the exact check compares them prepacked the same way.
+
+Three trainers: full parameters under ZeRO-1; LoRA (PEFT's 'all-linear' adapts the stacked experts and the router
+too, one low-rank update per expert: engines/lora.wrapped_parameters), whose merged experts reach the sampler; and
+ZeRO-3 over two ranks, each holding a partition of every expert stack. Each also checkpoints and exports: the
+exported folder (per-expert checkpoint names, transformers' save_pretrained) computes the trainer's log-probs."""
 
 from __future__ import annotations
 
 import pytest
 import ray
 import torch
+from safetensors import safe_open
 from tiny_models import make_tiny_model
 
 from arctic_rl import ArcticRLClientConfig, create_arctic_rl_client
@@ -22,9 +28,29 @@ TOL = 1e-3
 EXPERTS = "model.layers.1.mlp.experts.routed_experts.w13_weight"
 
 
+MODES = {
+    "zero1": {},
+    "lora": {"zero_stage": 2, "lora": {"rank": 4}},
+    "zero3x2": {"zero_stage": 3},
+}
+
+
+def sampler_tensor(client, name: str) -> torch.Tensor:
+    """A parameter of the first sampler replica, as its kernels hold it."""
+    sampler = ray.get(client._t.handle.__ray_call__.remote(lambda c: c.samplers[0]))
+
+    def read(actor, name):  # nested: Ray ships it by value
+        def f(worker):
+            return dict(worker.model_runner.model.named_parameters())[name].detach().clone()
+
+        return actor.llm.collective_rpc(f)[0]
+
+    return ray.get(sampler.__ray_call__.remote(read, name))
+
+
 @pytest.fixture(scope="module")
-def moe(ray_cluster, tmp_path_factory):
-    path = make_tiny_model(
+def moe_model(tmp_path_factory):
+    return make_tiny_model(
         tmp_path_factory.mktemp("models") / "tiny-qwen3-moe",
         "qwen3_moe",
         num_experts=4,
@@ -33,14 +59,24 @@ def moe(ray_cluster, tmp_path_factory):
         decoder_sparse_step=1,
         mlp_only_layers=[],
     )
+
+
+@pytest.fixture(scope="module", params=list(MODES))
+def moe(request, ray_cluster, moe_model, tmp_path_factory):
+    root = tmp_path_factory.mktemp(f"moe-{request.param}")
     client = create_arctic_rl_client(
         ArcticRLClientConfig(
-            model_name=str(path),
+            model_name=str(moe_model),
             use_reference=False,
-            training_config={"dtype": "float32", "micro_batch_size": 8, "optimizer": {"lr": 1e-2}},
+            training_gpus=2 if request.param == "zero3x2" else 1,
+            training_config={"dtype": "float32", "micro_batch_size": 8, "optimizer": {"lr": 1e-2}}
+            | MODES[request.param],
             vllm_config={"max_seq_len": 256, "dtype": "float32"},
+            server={"checkpoint_root": str(root)},
         )
     )
+    client.test_root = root
+    client.test_mode = request.param
     yield client
     client.shutdown()
 
@@ -57,7 +93,9 @@ def test_an_moe_model_samples_trains_and_syncs_exactly(moe):
     assert moe.optimizer_step()["grad_norm"] > 0
     after = moe.log_probs(batch)["log_probs"]
     assert (after - before)[mask].abs().max() > 1e-2  # the step moved the policy (experts and router)
+    experts_before = sampler_tensor(moe, EXPERTS)
     sync = moe.sync_weights()
+    assert not torch.equal(sampler_tensor(moe, EXPERTS), experts_before)  # the trained experts (LoRA: merged) arrived
     # every parameter the sampler computes with, the stacked experts included, equals the trainer's
     assert sync["unchecked_tensors"] == 0 and sync["checked_tensors"] >= 2 * 9
     assert sync["probe_max_abs_logprob_diff"] < TOL
@@ -88,3 +126,112 @@ def test_a_stale_expert_on_the_sampler_is_named(moe):
         ray.get(handle.check_weights.remote())
     assert isinstance(info.value.cause, WeightSyncError) and f"first stale tensor {EXPERTS} " in str(info.value.cause)
     moe.sync_weights()
+
+
+def test_an_moe_checkpoint_exports_a_folder_that_computes_the_trainer_s_log_probs(moe, moe_model, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    from arctic_rl.export import export
+
+    samples = moe.generate(["select name from"], {"n": 2, "max_tokens": 8, "seed": 5})
+    batch = from_samples(samples, [0, 0])
+    trainer = moe.log_probs(batch)["log_probs"]
+    moe.save_checkpoint(str(moe.test_root / "step"))
+    out = export(moe.test_root / "step", tmp_path / "exported", dtype="float32")
+    names = {k for f in out.glob("*.safetensors") for k in safe_open(f, "pt").keys()}
+    assert "model.layers.1.mlp.experts.3.down_proj.weight" in names  # per expert, as vLLM and the hub load it
+    model = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32)
+    plain = AutoModelForCausalLM.from_pretrained(moe_model, dtype=torch.float32)
+    # trained (the LoRA run: merged) experts, not the base model's
+    assert not torch.equal(model.model.layers[1].mlp.experts.down_proj, plain.model.layers[1].mlp.experts.down_proj)
+    with torch.no_grad():
+        mask_BT = batch["attention_mask"]
+        positions = (mask_BT.cumsum(-1) - 1).clamp(min=0)
+        logits = model(input_ids=batch["input_ids"], attention_mask=mask_BT, position_ids=positions).logits
+    P = batch["input_ids"].shape[1] - batch["responses"].shape[1]
+    lp = torch.log_softmax(logits[:, P - 1 : -1], -1).gather(-1, batch["responses"][..., None])[..., 0]
+    mask = batch["response_mask"].bool()
+    assert (lp - trainer)[mask].abs().max() < 1e-4, moe.test_mode
+
+
+# -- rollout router replay (R3) ---------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def r3(ray_cluster, moe_model):
+    """bfloat16 sampling against float32 training, as an RL run on GPUs does: the two route some tokens to
+    different experts. Router replay on, ZoRRo Train on (each group's prompt computed once, with its routing)."""
+    client = create_arctic_rl_client(
+        ArcticRLClientConfig(
+            model_name=str(moe_model),
+            use_reference=False,
+            training_config={
+                "dtype": "float32",
+                "micro_batch_size": 16,
+                "router_replay": {"enable": True},
+                "zorro_train": {"enable": True},
+            },
+            vllm_config={"max_seq_len": 256, "dtype": "bfloat16"},
+        )
+    )
+    yield client
+    client.shutdown()
+
+
+PROMPTS = ["select count(*) from", "the quick brown fox", "answer: paris is", "list every table in"]
+
+
+def test_r3_gives_the_trainer_the_sampler_s_routing_and_its_log_probs(r3):
+    """The sampler records each token's experts per layer (vLLM-CPU: engines/routing_capture.py); every token it
+    computed has them, a group's prompt the same in every sample (ZoRRo packs it once). The record is the
+    sampler's own routing: the trainer's routers, routing freely in float32, agree with it on most (token, layer)
+    pairs (a record filed under the wrong request or position would agree on about 1 in 6), but not all (bf16
+    against fp32). Replayed, the trainer routes every recorded token as the sampler did, and its log-probs are
+    closer to the sampler's than when it routes itself."""
+    samples = r3.generate(PROMPTS, {"n": 4, "max_tokens": 24, "seed": 11, "temperature": 1.0})
+    for s in samples:
+        routed = s["routed_experts"]
+        n = len(s["prompt_token_ids"]) + len(s["token_ids"])
+        assert tuple(routed.shape) == (n, 2, 2) and routed.dtype == torch.int16
+        assert (routed[: n - 1] >= 0).all() and (routed[: n - 1] < 4).all()  # the last token was never computed
+    for g in range(len(PROMPTS)):
+        group = samples[4 * g : 4 * g + 4]
+        p = len(group[0]["prompt_token_ids"])
+        assert all(torch.equal(s["routed_experts"][:p], group[0]["routed_experts"][:p]) for s in group)
+    batch = from_samples(samples, [i // 4 for i in range(len(samples))])
+    mask = batch["response_mask"].bool()
+    replayed = r3.log_probs(batch)["log_probs"]
+    free = r3.log_probs({k: v for k, v in batch.items() if k != "routed_experts"})["log_probs"]
+    gap_replayed = (replayed - batch["rollout_log_probs"])[mask].abs().mean()
+    gap_free = (free - batch["rollout_log_probs"])[mask].abs().mean()
+    batch["old_log_probs"] = replayed
+    batch["advantages"] = torch.linspace(-1, 1, len(samples))
+    metrics = r3.forward_backward(batch, "grpo", {})
+    recorded = int((batch["routed_experts"][..., 0] >= 0).sum()) * 1  # (token, layer) pairs with a record
+    assert metrics["router_replay/replayed"] > 0 and 0.5 < metrics["router_replay/agreement"] < 1.0, metrics
+    assert recorded > 0
+    assert gap_replayed < gap_free, (float(gap_replayed), float(gap_free))
+    r3.optimizer_step()
+    assert r3.sync_weights()["unchecked_tensors"] == 0
+
+
+def test_a_grpo_step_through_arctic_rl_run_with_an_moe_model_and_r3(ray_cluster, moe_model, tmp_path, monkeypatch):
+    from mlflow.tracking import MlflowClient
+    from repo_paths import REPO
+
+    from arctic_rl import tracking
+    from arctic_rl.cli import main as cli_main
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    config = REPO / "tests/configs/tiny_loop.yaml"
+    overrides = [
+        f"model.name_or_path={moe_model}",
+        f"checkpoint.dir={tmp_path / 'ckpt'}",
+        "train.steps=1",
+        "backend.training_config.router_replay.enable=true",
+        "backend.training_config.zorro_train.enable=true",
+    ]
+    assert cli_main(["run", str(config), *overrides]) == 0
+    mc = MlflowClient(tracking.default_tracking_uri())
+    (run,) = mc.search_runs([e.experiment_id for e in mc.search_experiments()])
+    metrics = run.data.metrics
+    assert metrics["timing_s/step"] > 0 and "router_replay/agreement" in metrics, sorted(metrics)
+    assert (tmp_path / "ckpt" / "step_1" / "loop_state.json").exists()

@@ -229,3 +229,75 @@ def test_the_skyrl_sql_scale_multiturn_config_fits_one_node_of_8():
     assert 7.5e9 < plan.model.params < 7.7e9  # Qwen2.5-Coder-7B: 7.62B
     assert plan.fits and max(g.peak for g in plan.gpus) < 80 * GiB
     assert [sorted(e.engine for e in g.engines) for g in plan.gpus] == [["sampling", "training"]] * 8
+
+
+MOE_30B = ROOT / "recipes/text2sql/configs/bird_qwen3_30b_a3b.yaml"
+MOE_235B = ROOT / "recipes/text2sql/configs/bird_qwen3_235b_a22b.yaml"
+
+
+def test_an_moe_plan_counts_experts_active_params_and_routing():
+    """Qwen3-30B-A3B from the architecture its recipe ships: 30.5B parameters of which 29.0B in 48 layers x 128
+    routed experts, 3.35B active per token (8 experts of 128), as Qwen publishes (30.5B / 3.3B). Its trainer counts
+    the experts' activations per token for the 8 experts a token goes to (not the dense intermediate size) and
+    the routing tensors; the plan prints the expert counts."""
+    run = load_run_config(MOE_30B)
+    plan = plan_run(run, nodes=1, gpus_per_node=8, name=MOE_30B.name)
+    m = plan.model
+    assert 30.4e9 < m.params < 30.6e9 and 28.9e9 < m.expert_params < 29.1e9 and 3.3e9 < m.active_params < 3.4e9
+    assert (m.experts, m.experts_per_token, m.moe_layers, m.moe_intermediate) == (128, 8, 48, 768)
+    trainer = next(e for e in plan.gpus[0].engines if e.engine == "training").awake_bytes
+    assert 0 < trainer["routing"] < trainer["activations"]
+    assert "48 MoE layers x 128 experts, 8 per token" in plan.render() and "3.35B active per token" in plan.render()
+    dense = make_plan(load_run_config(BIRD), nodes=4, gpus_per_node=8)
+    assert dense.model.experts == 0 and dense.model.active_params == dense.model.params
+    assert "routing" not in dense.gpus[0].engines[0].awake_bytes and "experts:" not in dense.render()
+
+
+def test_the_30b_a3b_config_fits_one_node_of_8_and_tp_2_would_not():
+    """As shipped (vLLM TP 4) it fits on 1 x 8 GPUs of 80 GiB; with TP 2 the sampler's 28 GiB of weights per GPU
+    beside the awake trainer at the weight sync are over (the reason its config names)."""
+    plan = plan_run(load_run_config(MOE_30B), nodes=1, gpus_per_node=8)
+    assert plan.fits and max(g.peak for g in plan.gpus) < 80 * GiB
+    with pytest.raises(ConfigError, match="in phase 'sync', mostly trainer 0 optimizer .* sampler 0 \\(TP 1/2\\)"):
+        plan_run(load_run_config(MOE_30B, ["backend.vllm_config.tensor_parallel_size=2"]), nodes=1, gpus_per_node=8)
+
+
+def test_the_235b_a22b_config_is_refused_naming_the_start_up_host_memory():
+    """On 8 x 8 H200s its GPUs fit; what does not is every rank's fp32 load of the whole model before ZeRO-3
+    partitions it (876 GiB each, 8 per node, over a 2 TiB node), and the plan says so; with host memory for it,
+    it fits. On 80 GiB GPUs the sync phase is over as well."""
+    run = load_run_config(MOE_235B)
+    plan = make_plan(run, nodes=8, gpus_per_node=8, gpu_memory_gib=141)
+    assert 235.0e9 < plan.model.params < 235.2e9 and 22.1e9 < plan.model.active_params < 22.3e9
+    (problem,) = plan.problems
+    assert problem.startswith("host memory at start-up: 8 trainer/reference worker(s)") and "875.8 GiB" in problem
+    assert make_plan(run, nodes=8, gpus_per_node=8, gpu_memory_gib=141, host_memory_gib=8192).fits
+    on_h100 = make_plan(run, nodes=8, gpus_per_node=8, gpu_memory_gib=80, host_memory_gib=8192).problems
+    assert any("in phase 'sync'" in p for p in on_h100)
+
+
+def test_lora_on_an_moe_model_counts_peft_s_adapters_on_experts_and_routers(tmp_path):
+    """PEFT's 'all-linear' on an MoE model adapts the stacked experts (one low-rank update per expert) and the
+    routers as parameters; the plan counts exactly what PEFT builds."""
+    from tiny_models import make_tiny_model
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from arctic_rl.config import LoraConfig
+    from arctic_rl.engines.lora import apply_lora
+    from arctic_rl.plan import lora_params, model_shape
+
+    path = make_tiny_model(
+        tmp_path / "moe",
+        "qwen3_moe",
+        num_experts=4,
+        num_experts_per_tok=2,
+        moe_intermediate_size=64,
+        decoder_sparse_step=1,
+        mlp_only_layers=[],
+    )
+    m = model_shape(AutoConfig.from_pretrained(path), str(path))
+    assert m.experts == 4 and len(m.stacked) == 2 * m.moe_layers and len(m.routers) == m.moe_layers
+    for targets in ("all-linear", ["q_proj", "v_proj"]):
+        lora = LoraConfig(rank=4, target_modules=targets)
+        peft_model = apply_lora(AutoModelForCausalLM.from_pretrained(path), lora)
+        assert lora_params(m, lora) == sum(p.numel() for p in peft_model.parameters() if p.requires_grad), targets

@@ -21,6 +21,8 @@ from transformers import (
     Qwen2ForCausalLM,
     Qwen3Config,
     Qwen3ForCausalLM,
+    Qwen3MoeConfig,
+    Qwen3MoeForCausalLM,
 )
 
 from arctic_rl.batch import BatchError
@@ -42,6 +44,20 @@ MODELS = {
     "qwen2": (Qwen2ForCausalLM, Qwen2Config, {}),
     "qwen3": (Qwen3ForCausalLM, Qwen3Config, {"head_dim": 16}),
     "mistral": (MistralForCausalLM, MistralConfig, {"sliding_window": 4096}),
+    # every layer sparse: 4 experts, 2 per token; the routing of each token is computed from its hidden state,
+    # which ZoRRo computes exactly, so each token goes to the same experts as in the naive batch
+    "qwen3_moe": (
+        Qwen3MoeForCausalLM,
+        Qwen3MoeConfig,
+        {
+            "head_dim": 16,
+            "num_experts": 4,
+            "num_experts_per_tok": 2,
+            "moe_intermediate_size": 32,
+            "decoder_sparse_step": 1,
+            "mlp_only_layers": [],
+        },
+    ),
 }
 
 
@@ -108,8 +124,8 @@ def run(model, batch, zorro: bool, **kw):
     return {k: v.detach() for k, v in out.items()}, loss.detach(), grads
 
 
-def assert_same(model, batch, **kw):
-    out_n, loss_n, grads_n = run(model, batch, zorro=False)
+def assert_same(model, batch, naive_kw: dict | None = None, **kw):
+    out_n, loss_n, grads_n = run(model, batch, zorro=False, **(naive_kw or {}))
     out_z, loss_z, grads_z = run(model, batch, zorro=True, **kw)
     for k in ("log_probs", "entropy"):
         assert out_z[k].shape == out_n[k].shape
@@ -249,14 +265,16 @@ def test_exact_with_gradient_checkpointing(name):
     assert_same(model, make_batch(MIXED, P=12, R=6, seed=7))
 
 
+@pytest.mark.parametrize("name", ["qwen3", "qwen3_moe"])
 @pytest.mark.parametrize("checkpointing", [False, True], ids=["plain", "grad-checkpointing"])
-def test_exact_with_lora_adapters(checkpointing):
+def test_exact_with_lora_adapters(checkpointing, name):
     # The engine's own injection (PEFT, in place): only the adapters have gradients, and ZoRRo's equal the
-    # naive batch's. PEFT starts B at zero, which would leave A without gradient: B is drawn at random.
+    # naive batch's. PEFT starts B at zero, which would leave A without gradient: B is drawn at random. On the
+    # MoE model 'all-linear' adapts the stacked experts and the routers too (PEFT's ParamWrapper).
     from arctic_rl.config import LoraConfig
     from arctic_rl.engines.lora import adapted_layers, apply_lora
 
-    model = tiny_model("qwen3", seed=8)
+    model = tiny_model(name, seed=8)
     if checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     apply_lora(model, LoraConfig(rank=4))

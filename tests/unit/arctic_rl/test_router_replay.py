@@ -1,0 +1,115 @@
+"""Router replay (R3), the trainer's side (arctic_rl/router_replay.py) on a tiny random Qwen3-MoE: the routers take
+the routing a batch carries (`routed_experts` [B, T, L, k]), the router's weight still gets a gradient, ZoRRo Train
+stays exact with it, and a token without a record (-1) is routed by the trainer."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from test_zorro_train import MIXED, assert_same, make_batch, run, tiny_model
+
+from arctic_rl import router_replay
+from arctic_rl.batch import BatchError
+from arctic_rl.engines.forward import naive_log_probs
+from arctic_rl.zorro.train import zorro_log_probs
+
+L, K, E = 2, 2, 4  # tiny_model("qwen3_moe"): 2 layers, top 2 of 4 experts
+
+
+def own_routing(model, batch) -> torch.Tensor:
+    """[B, T, L, k]: where the model's own routers send each token of the naive batch."""
+    state = router_replay.install(model)
+    state.record = True
+    B, T = batch["input_ids"].shape
+    with torch.no_grad():
+        naive_log_probs(model, batch)
+    return torch.stack([state.used[layer] for layer in range(L)], 1).view(B, T, L, K).to(torch.int16)
+
+
+def other_routing(routed: torch.Tensor) -> torch.Tensor:
+    """Each token routed to the k experts `routed` does not send it to (E = 4, k = 2: the other two)."""
+    unused = torch.ones(*routed.shape[:-1], E).scatter_(-1, routed.long(), 0)
+    return torch.sort(unused, dim=-1, descending=True, stable=True).indices[..., :K].to(routed.dtype)
+
+
+def test_the_routers_take_the_batch_s_routing_and_the_router_still_learns():
+    model = tiny_model("qwen3_moe", seed=3)
+    batch = make_batch(MIXED, P=12, R=6, seed=3)
+    own = own_routing(model, batch)
+    forced = other_routing(own)
+    state = router_replay.install(model)
+    B, T = batch["input_ids"].shape
+    free, _, _ = run(model, batch, zorro=False)
+    with torch.no_grad():
+        out = naive_log_probs(model, batch, routed_experts=forced)
+    used = torch.stack([state.used[layer] for layer in range(L)], 1).view(B, T, L, K)
+    assert torch.equal(used, forced.long())  # every token of every layer went where the batch said
+    assert state.replayed == B * T * L and state.agree == 0  # none of them where the router would have sent it
+    assert (out["log_probs"] - free["log_probs"]).abs().max() > 1e-3
+    _, _, grads = run(model, batch, zorro=False, routed_experts=forced)
+    gate = "model.layers.0.mlp.gate.weight"
+    assert grads[gate].abs().max() > 0  # through the gathered probabilities of the replayed experts
+
+
+def test_replaying_the_model_s_own_routing_changes_nothing():
+    """The replayed weights are the router's own probabilities at the replayed experts, renormalised as the router
+    does: replaying its own choice computes exactly what routing freely does, gradients included."""
+    model = tiny_model("qwen3_moe", seed=4)
+    batch = make_batch(MIXED, P=12, R=6, seed=4)
+    own = own_routing(model, batch)
+    free = run(model, batch, zorro=False)
+    replayed = run(model, batch, zorro=False, routed_experts=own)
+    torch.testing.assert_close(replayed[0]["log_probs"], free[0]["log_probs"], atol=0, rtol=0)
+    for name, g in free[2].items():
+        torch.testing.assert_close(replayed[2][name], g, atol=1e-7, rtol=1e-6, msg=name)
+
+
+@pytest.mark.parametrize("prefix_tree", [False, True], ids=["zorro", "zorro-tree"])
+def test_zorro_train_is_exact_with_replay(prefix_tree):
+    """ZoRRo packs a group's prompt once and takes its routing from the group's first row; with routing that is the
+    same across each group's prompt (what the sampler's record gives), its outputs and gradients equal the naive
+    batch's under the same replay."""
+    model = tiny_model("qwen3_moe", seed=5)
+    batch = make_batch(MIXED, P=12, R=6, seed=5)
+    forced = other_routing(own_routing(model, batch))
+    router_replay.install(model)
+    kw = {"prefix_tree": True} if prefix_tree else {}
+    assert_same(model, batch, routed_experts=forced, naive_kw={"routed_experts": forced}, **kw)
+
+
+def test_zorro_refuses_a_group_whose_shared_prompt_is_routed_two_ways():
+    model = tiny_model("qwen3_moe", seed=6)
+    batch = make_batch(MIXED, P=12, R=6, seed=6)
+    router_replay.install(model)
+    routed = own_routing(model, batch)
+    rows = [i for i, u in enumerate(batch["uid"]) if u == "q0"]
+    routed[rows[1], 11] = other_routing(routed[rows[1] : rows[1] + 1, 11:12])[0, 0]  # the prompt's last token
+    with pytest.raises(BatchError, match=r"rows \d+ and \d+ share the token at column 11 \(packed once\)") as e:
+        zorro_log_probs(model, batch, routed_experts=routed)
+    assert f" {rows[1]} " in str(e.value)  # the row changed, against the one whose prompt ZoRRo packs
+    routed[rows[1], 11] = routed[rows[0], 11]
+    zorro_log_probs(model, batch, routed_experts=routed)  # equal again: packed once
+
+
+def test_unrecorded_tokens_and_route_mode_prompts_are_routed_by_the_trainer():
+    model = tiny_model("qwen3_moe", seed=7)
+    batch = make_batch(MIXED, P=12, R=6, seed=7)
+    own = own_routing(model, batch)
+    forced = other_routing(own)
+    batch["routed_experts"] = forced
+    state = router_replay.install(model)
+    B, T = batch["input_ids"].shape
+    routed = router_replay.for_forward(batch, "route")
+    assert (routed[:, :12] == -1).all() and torch.equal(routed[:, 12:], forced[:, 12:])
+    with torch.no_grad():
+        naive_log_probs(model, {k: v for k, v in batch.items() if k != "routed_experts"}, routed_experts=routed)
+    used = torch.stack([state.used[layer] for layer in range(L)], 1).view(B, T, L, K)
+    assert torch.equal(used[:, :12], own[:, :12].long()) and torch.equal(used[:, 12:], forced[:, 12:].long())
+    assert state.replayed == B * 6 * L
+
+
+def test_a_model_without_replayable_routers_is_refused_naming_the_setting():
+    from arctic_rl.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="training_config.router_replay: the model .* has no MoE router"):
+        router_replay.install(tiny_model("qwen3"))
