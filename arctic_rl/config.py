@@ -130,6 +130,12 @@ class TrainingConfig(Strict):
     zorro_train: ZorroTrainConfig = ZorroTrainConfig()
     lora: LoraConfig | None = Field(None, description="None: full-parameter training; else LoRA adapters only")
     router_replay: RouterReplayConfig = RouterReplayConfig()
+    router_aux_loss_coef: float = Field(
+        0.0,
+        ge=0,
+        description="MoE models: the auxiliary load-balancing loss (transformers' load_balancing_loss_func) is "
+        "logged every step as router/aux_loss; > 0 also adds it to the loss with this weight (HF's name)",
+    )
 
     @model_validator(mode="after")
     def _lora_below_zero3(self):

@@ -38,17 +38,22 @@ class ReplayState:
     replayed: int = 0  # (token, layer) pairs replayed
     used: dict[int, torch.Tensor] = field(default_factory=dict)  # layer -> [N, k] ids used (when recording)
     record: bool = False
+    replay: bool = True  # False: the routers are hooked for the auxiliary loss only (router_replay off)
+    collect: bool = False  # keep each layer's logits and the ids used, for aux_loss (the forward_backward op)
+    collected: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)  # (logits [N, E], ids [N, k])
+    token_weights: torch.Tensor | None = None  # [N] how many rows each token stands for (0: padding)
 
 
-def find_routers(model: torch.nn.Module) -> dict[int, torch.nn.Module]:
-    """Decoder layer index -> its MoE router module; ConfigError when the model has none R3 can replay."""
+def find_routers(model: torch.nn.Module, required: bool = True) -> dict[int, torch.nn.Module]:
+    """Decoder layer index -> its MoE router module; ConfigError when the model has none R3 can replay (and
+    `required`)."""
     routers = {}
     for name, module in model.named_modules():
         if hasattr(module, "top_k") and hasattr(module, "num_experts") and hasattr(module, "norm_topk_prob"):
             match = LAYER.search(name + ".")
             if match and isinstance(getattr(module, "weight", None), torch.Tensor):
                 routers[int(match.group(1))] = module
-    if not routers:
+    if not routers and required:
         raise ConfigError(
             f"training_config.router_replay: the model ({type(model).__name__}) has no MoE router it can replay "
             "(HF top-k routers with norm_topk_prob: Qwen3-MoE, Qwen2-MoE); turn router_replay off for this model"
@@ -56,13 +61,17 @@ def find_routers(model: torch.nn.Module) -> dict[int, torch.nn.Module]:
     return routers
 
 
-def install(model: torch.nn.Module) -> ReplayState:
-    """Hooks every MoE router of `model` once; returns the state `replaying` sets."""
+def install(model: torch.nn.Module, replay: bool = True) -> ReplayState | None:
+    """Hooks every MoE router of `model` once; returns the state `set_routing` sets. `replay` False: hooked for the
+    auxiliary load-balancing loss only (None for a model without MoE routers)."""
     state: ReplayState | None = getattr(model, "_arctic_router_replay", None)
     if state is not None:
         return state
-    state = ReplayState()
-    for layer, router in find_routers(model).items():
+    routers = find_routers(model, required=replay)
+    if not routers:
+        return None
+    state = ReplayState(replay=replay)
+    for layer, router in routers.items():
         router.register_forward_hook(_hook(state, layer))
     model._arctic_router_replay = state  # type: ignore[assignment]
     return state
@@ -74,6 +83,8 @@ def _hook(state: ReplayState, layer: int):
         if state.routed is None:
             if state.record:
                 state.used[layer] = own.detach().clone()
+            if state.collect:
+                state.collected.append((logits, own))
             return output
         routed = state.routed[:, layer].to(device=own.device, dtype=torch.long)  # [N, k]
         if routed.shape[0] != own.shape[0]:
@@ -87,6 +98,8 @@ def _hook(state: ReplayState, layer: int):
         state.agree += int((own.sort(-1).values == routed.sort(-1).values).all(-1)[have].sum())
         if state.record:
             state.used[layer] = indices.detach().clone()
+        if state.collect:
+            state.collected.append((logits, indices))
         probs = torch.softmax(logits, dim=-1, dtype=torch.float)
         weights = probs.gather(-1, indices)
         if module.norm_topk_prob:
@@ -96,19 +109,25 @@ def _hook(state: ReplayState, layer: int):
     return replay
 
 
-def set_routing(model: torch.nn.Module, routed_NLk: torch.Tensor | None) -> None:
+def set_routing(
+    model: torch.nn.Module, routed_NLk: torch.Tensor | None, token_weights: torch.Tensor | None = None
+) -> None:
     """From the next forward on, the model's MoE routers (if `install`ed) replay `routed_NLk` ([N, L, k], N = the
     tokens of that forward in the order the model flattens them); None: they route freely. It stays set through
     the backward, where gradient checkpointing runs each layer's forward again, until the next call. With
-    `ReplayState.record` set (tests, benchmarks) each router keeps the ids it used last in `ReplayState.used`."""
+    `ReplayState.record` set (tests, benchmarks) each router keeps the ids it used last in `ReplayState.used`.
+    `token_weights` [N]: how many batch rows each token of the forward stands for (1, 0 on padding; ZoRRo's packed
+    prompt: its group's rows), the weights of the auxiliary loss's token means."""
     state: ReplayState | None = getattr(model, "_arctic_router_replay", None)
-    if state is None:
+    if state is None or not state.replay:
         if routed_NLk is not None:
             raise ConfigError(
                 "the batch has routed_experts but router replay is off: set training_config.router_replay.enable"
             )
-        return
+        if state is None:
+            return
     state.routed, state.agree, state.replayed, state.used = routed_NLk, 0, 0, {}
+    state.collected, state.token_weights = [], token_weights
 
 
 def for_forward(batch: dict, prompt_tokens: str) -> torch.Tensor | None:
@@ -121,3 +140,27 @@ def for_forward(batch: dict, prompt_tokens: str) -> torch.Tensor | None:
         routed = routed.clone()
         routed[:, : routed.shape[1] - batch["responses"].shape[1]] = -1
     return routed
+
+
+def aux_loss(model: torch.nn.Module) -> torch.Tensor | None:
+    """The auxiliary load-balancing loss of the last forward (with `ReplayState.collect`), transformers'
+    `load_balancing_loss_func` (Switch Transformer's): experts x sum over experts of (the share of (token, MoE layer)
+    pairs routed to it, over each of the k slots) x (its mean router probability), the means over every MoE layer's
+    tokens weighted by `token_weights`, so ZoRRo's packed batch gives the naive batch's value. The routing it counts
+    is the one used (the replayed one under R3); the gradient reaches the routers through the probabilities. None
+    without collected routers."""
+    state: ReplayState | None = getattr(model, "_arctic_router_replay", None)
+    if state is None or not state.collected:
+        return None
+    logits = torch.cat([lg for lg, _ in state.collected])
+    ids = torch.cat([i for _, i in state.collected])
+    experts = logits.shape[-1]
+    n = state.collected[0][0].shape[0]
+    w = state.token_weights if state.token_weights is not None else torch.ones(n)
+    w = w.to(device=logits.device, dtype=torch.float).repeat(len(state.collected))
+    w = w / w.sum().clamp(min=1e-9)
+    probs = torch.softmax(logits, dim=-1, dtype=torch.float)
+    routed = torch.nn.functional.one_hot(ids.long(), experts).float().sum(1)  # [N*L, E]: k slots added
+    share = (w[:, None] * routed).sum(0)
+    prob = (w[:, None] * probs).sum(0)
+    return experts * (share * prob).sum()

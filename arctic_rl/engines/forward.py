@@ -37,7 +37,8 @@ def naive_log_probs(
     B, T = ids_BT.shape
     R = batch["responses"].shape[1]
     body, head = decoder_and_head(model)
-    set_routing(model, routed_experts.reshape(B * T, *routed_experts.shape[2:]) if routed_experts is not None else None)
+    routed = routed_experts.reshape(B * T, *routed_experts.shape[2:]) if routed_experts is not None else None
+    set_routing(model, routed, token_weights=mask_BT.reshape(-1))
     hidden_BTH = body(
         input_ids=ids_BT, attention_mask=mask_BT, position_ids=position_ids(batch), use_cache=False
     ).last_hidden_state

@@ -182,9 +182,10 @@ class TrainingWorker:
             offload_activations=tc.offload_activations,
         )
         # Router replay (R3): the trainer's MoE routers take the sampler's expert choices (arctic_rl/router_replay.py).
+        # MoE routers are hooked for the auxiliary load-balancing loss too (logged; in the loss with its coef).
         replay = tc.router_replay.enable and self.trainable
-        if replay:
-            router_replay.install(hf)
+        if self.trainable:
+            router_replay.install(hf, replay=replay)
         # The reference is the base model: it never gets adapters (it is deployed from the same weights).
         lora = tc.lora if self.trainable else None
         self.lora = lora is not None
@@ -281,11 +282,25 @@ class TrainingWorker:
         mb = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "responses": ids[:, 1:], "uid": [0]}
         return self._forward(mb, {})["log_probs"].sum() * 0.0
 
+    def _add_aux_loss(self, loss: torch.Tensor, mb: Batch, loss_config: dict, metrics: dict) -> torch.Tensor:
+        """An MoE model's auxiliary load-balancing loss of this micro-batch (router_replay.aux_loss): logged as
+        router/aux_loss; with training_config.router_aux_loss_coef > 0 added to the loss, weighted by the
+        micro-batch's share of the batch's response tokens (the losses are normalised over the whole batch)."""
+        aux = router_replay.aux_loss(self.module.model)
+        if aux is None:
+            return loss
+        metrics["router/aux_loss"] = float(aux.detach())
+        coef = self.cfg.training_config.router_aux_loss_coef
+        if coef <= 0:
+            return loss
+        share = float(mb["response_mask"].sum()) / max(float(loss_config.get("global_num_tokens", 1.0)), 1.0)
+        return loss + coef * share * aux
+
     def _replay_metrics(self) -> dict[str, float]:
         """Router replay on: of the (token, MoE layer) pairs the last forward replayed, the share where the trainer's
         own router would have chosen the same experts (the routing disagreement R3 removes), and their count."""
         state = getattr(self.module.model, "_arctic_router_replay", None)
-        if state is None:
+        if state is None or not state.replay:
             return {}
         agreement = state.agree / state.replayed if state.replayed else float("nan")
         return {"router_replay/agreement": agreement, "router_replay/replayed": float(state.replayed)}
@@ -324,22 +339,23 @@ class TrainingWorker:
         }
         per_mb: list[dict] = []
         self.engine.set_gradient_accumulation_boundary(False)
+        routers = getattr(self.module.model, "_arctic_router_replay", None)
         for mb in micro_batches:
             if mb is None:
                 loss = self._dummy_forward()
             else:
                 mb = self._to_device(mb)
+                if routers is not None:
+                    routers.collect = True
                 loss, metrics = fn(self._forward(mb, pp_config, post_processor), mb, loss_config)
-                per_mb.append(
-                    {
-                        **{k: float(v) for k, v in metrics.items()},
-                        "loss": float(loss.detach()),
-                        **self._replay_metrics(),
-                    }
-                )
+                metrics = {**{k: float(v) for k, v in metrics.items()}, "loss": float(loss.detach())}
+                loss = self._add_aux_loss(loss, mb, loss_config, metrics)
+                per_mb.append({**metrics, **self._replay_metrics()})
             # DeepSpeed averages gradients over ranks; our losses are normalized over the global
             # batch already, so undo the average to get the sum.
             self.engine.backward(loss * self.world_size)
+            if routers is not None:
+                routers.collect, routers.collected = False, []
         self._pending_backward = True
         return per_mb
 

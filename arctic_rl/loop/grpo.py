@@ -311,7 +311,7 @@ def train_step(
             out = client.forward_backward(mini, cfg.loss.name, loss_config)
             opt = client.optimizer_step()
             for k, v in {**out, "actor/grad_norm": opt["grad_norm"], "actor/lr": opt["lr"]}.items():
-                if k.startswith(("actor/", "rollout_corr/", "router_replay/")):
+                if k.startswith(("actor/", "rollout_corr/", "router_replay/", "router/")):
                     actor.setdefault(k, []).append(float(v))
     t["update_actor"] = time.perf_counter() - t0
 

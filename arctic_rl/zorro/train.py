@@ -99,6 +99,7 @@ class ZorroPlan:
     _cache: dict = field(default_factory=dict)  # per-backend index tensors, built on first use
     source_index: torch.Tensor | None = None  # [N] row * T + column of each packed token in the batch
     aliases: list = field(default_factory=list)  # (rows, first column, end column): tokens packed once for rows
+    token_weights: torch.Tensor | None = None  # [N] the rows each packed token stands for (a prompt: its group's)
 
     @property
     def num_tokens(self) -> int:
@@ -153,7 +154,7 @@ def build_plan(batch: Batch, *, device: torch.device | str | None = None, backen
     _check_padding(mask, P)
     plen, rlen = mask[:, :P].sum(1).tolist(), mask[:, P:].sum(1).tolist()
 
-    ids_parts, pos_parts, pred_parts, label_parts, out_parts, src_parts = [], [], [], [], [], []
+    ids_parts, pos_parts, pred_parts, label_parts, out_parts, src_parts, w_parts = [], [], [], [], [], [], []
     aliases: list[tuple[list[int], int, int]] = []
     T = ids.shape[1]
     groups: list[Group] = []
@@ -165,6 +166,7 @@ def build_plan(batch: Batch, *, device: torch.device | str | None = None, backen
         ids_parts.append(ids[rows[0], P - p : P])
         pos_parts.append(pos[rows[0], P - p : P])
         src_parts.append(torch.arange(rows[0] * T + P - p, rows[0] * T + P))
+        w_parts.append(torch.full((p,), float(len(rows))))
         aliases.append((rows, P - p, P))
         last_prompt = offset + p - 1
         cur = offset + p
@@ -176,6 +178,7 @@ def build_plan(batch: Batch, *, device: torch.device | str | None = None, backen
             ids_parts.append(ids[i, P : P + r])
             pos_parts.append(pos[i, P : P + r])
             src_parts.append(torch.arange(i * T + P, i * T + P + r))
+            w_parts.append(torch.ones(r))
             # response token j is predicted by the hidden state of token j-1 (the prompt's last for j=0)
             pred_parts.append(torch.cat([torch.tensor([last_prompt]), torch.arange(cur, cur + r - 1)]))
             label_parts.append(ids[i, P : P + r])
@@ -204,6 +207,7 @@ def build_plan(batch: Batch, *, device: torch.device | str | None = None, backen
         max_seq_len=max_len,
         source_index=cat(src_parts),
         aliases=aliases,
+        token_weights=cat(w_parts, torch.float),
     )
 
 
@@ -645,7 +649,8 @@ def zorro_log_probs(
         prefix_tree = plan.shares_past_prompts
     if not prefix_tree:
         plan = build_plan(batch, device=device, backend=pick_backend(device, attention, dtype))
-    set_routing(model, _packed_routing(plan, routed_experts) if routed_experts is not None else None)
+    routed = _packed_routing(plan, routed_experts) if routed_experts is not None else None
+    set_routing(model, routed, token_weights=plan.token_weights)
     use_zorro_attention(model)
     token = _IN_ZORRO_BODY.set(True)
     try:

@@ -55,6 +55,7 @@ class TreePlan:
     backend: str = "tree"
     source_index: torch.Tensor | None = None  # [N] row * T + column of each packed token in the batch
     aliases: list = field(default_factory=list)  # (rows, first column, end column): tokens packed once for rows
+    token_weights: torch.Tensor | None = None  # [N] the rows each packed token stands for
     max_seq_len: int = 0
     _cache: dict = field(default_factory=dict)
 
@@ -97,7 +98,7 @@ def build_tree_plan(batch: Batch, *, device: torch.device | str | None = None) -
     def key(row: int, d: int):
         return resp[row][d] if d < rlen[row] else None
 
-    ids_parts, pos_parts, nodes, src_parts, aliases = [], [], [], [], []
+    ids_parts, pos_parts, nodes, src_parts, aliases, w_parts = [], [], [], [], [], []
     pred, labels, out_index, out_source = [], [], [], []
     T = ids.shape[1]
     offset, max_len, units, shared = 0, 0, 0, False
@@ -108,6 +109,7 @@ def build_tree_plan(batch: Batch, *, device: torch.device | str | None = None) -
         ids_parts.append(ids[rows[0], P - p : P])
         pos_parts.append(pos[rows[0], P - p : P])
         src_parts.append(torch.arange(rows[0] * T + P - p, rows[0] * T + P))
+        w_parts.append(torch.full((p,), float(len(rows))))
         aliases.append((rows, P - p, P))
         offset += p
         # per row: packed positions of its tokens so far (prompt, then each node on its path)
@@ -120,6 +122,7 @@ def build_tree_plan(batch: Batch, *, device: torch.device | str | None = None) -
             ids_parts.append(ids[r0, P + a : P + b])
             pos_parts.append(pos[r0, P + a : P + b])
             src_parts.append(torch.arange(r0 * T + P + a, r0 * T + P + b))
+            w_parts.append(torch.full((b - a,), float(len(sub))))
             aliases.append((sub, P + a, P + b))
             # token t of the node is predicted by the token before it: the context's last for the first
             pred.append(torch.cat([context[-1:], own[:-1]]))
@@ -149,6 +152,7 @@ def build_tree_plan(batch: Batch, *, device: torch.device | str | None = None) -
         max_seq_len=max_len,
         source_index=cat(src_parts),
         aliases=aliases,
+        token_weights=cat(w_parts, torch.float),
     )
 
 

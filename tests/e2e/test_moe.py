@@ -6,9 +6,10 @@ the sync sends them as the checkpoint names them (per expert, engines/weight_buc
 holds them prepacked for its grouped GEMM, and its reload leaves them unpacked: the sampler prepacks them again
 (engines/sampling._refresh_moe_kernels), and the exact check compares them prepacked the same way.
 
-Three trainers: full parameters under ZeRO-1; LoRA (PEFT's 'all-linear' adapts the stacked experts and the router
-too, one low-rank update per expert: engines/lora.wrapped_parameters), whose merged experts reach the sampler; and
-ZeRO-3 over two ranks, each holding a partition of every expert stack. Each also checkpoints and exports: the
+Four trainers: full parameters under ZeRO-1; LoRA (PEFT's 'all-linear' adapts the stacked experts and the router
+too, one low-rank update per expert: engines/lora.wrapped_parameters), whose merged experts reach the sampler;
+ZeRO-3 over two ranks, each holding a partition of every expert stack; and a second family, Qwen2-MoE (a shared
+expert beside the routed ones), with router replay on. Each also checkpoints and exports: the
 exported folder (per-expert checkpoint names, transformers' save_pretrained) computes the trainer's log-probs."""
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ MODES = {
     "zero1": {},
     "lora": {"zero_stage": 2, "lora": {"rank": 4}},
     "zero3x2": {"zero_stage": 3},
+    # the second family: Qwen2-MoE, routed experts beside a shared expert with its own gate, with router replay
+    "qwen2_moe-r3": {"router_replay": {"enable": True}},
 }
 
 
@@ -61,12 +64,27 @@ def moe_model(tmp_path_factory):
     )
 
 
+@pytest.fixture(scope="module")
+def qwen2_moe_model(tmp_path_factory):
+    return make_tiny_model(
+        tmp_path_factory.mktemp("models") / "tiny-qwen2-moe",
+        "qwen2_moe",
+        num_experts=4,
+        num_experts_per_tok=2,
+        moe_intermediate_size=64,
+        shared_expert_intermediate_size=128,
+        decoder_sparse_step=1,
+        mlp_only_layers=[],
+    )
+
+
 @pytest.fixture(scope="module", params=list(MODES))
-def moe(request, ray_cluster, moe_model, tmp_path_factory):
+def moe(request, ray_cluster, moe_model, qwen2_moe_model, tmp_path_factory):
     root = tmp_path_factory.mktemp(f"moe-{request.param}")
+    model = qwen2_moe_model if request.param.startswith("qwen2_moe") else moe_model
     client = create_arctic_rl_client(
         ArcticRLClientConfig(
-            model_name=str(moe_model),
+            model_name=str(model),
             use_reference=False,
             training_gpus=2 if request.param == "zero3x2" else 1,
             training_config={"dtype": "float32", "micro_batch_size": 8, "optimizer": {"lr": 1e-2}}
@@ -77,6 +95,7 @@ def moe(request, ray_cluster, moe_model, tmp_path_factory):
     )
     client.test_root = root
     client.test_mode = request.param
+    client.test_model = model
     yield client
     client.shutdown()
 
@@ -103,6 +122,9 @@ def test_an_moe_model_samples_trains_and_syncs_exactly(moe):
         [list(s["prompt_token_ids"]) + list(s["token_ids"]) for s in samples],
         [len(s["prompt_token_ids"]) for s in samples],
     )
+    # the sampler routes these tokens afresh under the new weights: so does the trainer, not replaying the batch's
+    # routing (recorded under the old ones)
+    after = moe.log_probs({k: v for k, v in batch.items() if k != "routed_experts"})["log_probs"]
     for row, lp in enumerate(resampled):
         n = int(mask[row].sum())
         assert max(abs(a - b) for a, b in zip(lp[:n], after[row, :n].tolist())) < TOL
@@ -128,7 +150,7 @@ def test_a_stale_expert_on_the_sampler_is_named(moe):
     moe.sync_weights()
 
 
-def test_an_moe_checkpoint_exports_a_folder_that_computes_the_trainer_s_log_probs(moe, moe_model, tmp_path):
+def test_an_moe_checkpoint_exports_a_folder_that_computes_the_trainer_s_log_probs(moe, tmp_path):
     from transformers import AutoModelForCausalLM
 
     from arctic_rl.export import export
@@ -141,7 +163,7 @@ def test_an_moe_checkpoint_exports_a_folder_that_computes_the_trainer_s_log_prob
     names = {k for f in out.glob("*.safetensors") for k in safe_open(f, "pt").keys()}
     assert "model.layers.1.mlp.experts.3.down_proj.weight" in names  # per expert, as vLLM and the hub load it
     model = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32)
-    plain = AutoModelForCausalLM.from_pretrained(moe_model, dtype=torch.float32)
+    plain = AutoModelForCausalLM.from_pretrained(moe.test_model, dtype=torch.float32)
     # trained (the LoRA run: merged) experts, not the base model's
     assert not torch.equal(model.model.layers[1].mlp.experts.down_proj, plain.model.layers[1].mlp.experts.down_proj)
     with torch.no_grad():
@@ -234,4 +256,40 @@ def test_a_grpo_step_through_arctic_rl_run_with_an_moe_model_and_r3(ray_cluster,
     (run,) = mc.search_runs([e.experiment_id for e in mc.search_experiments()])
     metrics = run.data.metrics
     assert metrics["timing_s/step"] > 0 and "router_replay/agreement" in metrics, sorted(metrics)
+    assert metrics["router/aux_loss"] > 0  # the load-balancing loss, logged (router_aux_loss_coef 0: not trained on)
     assert (tmp_path / "ckpt" / "step_1" / "loop_state.json").exists()
+
+
+def test_the_aux_loss_is_logged_and_trained_on_only_with_its_coef(moe_model):
+    """training_config.router_aux_loss_coef: 0 logs router/aux_loss and leaves the gradient the loss's alone; > 0
+    adds coef x the loss's share of it, which changes the routers' gradient and nothing the routers do not feed."""
+    import socket
+
+    from test_training import fixed_batch
+
+    from arctic_rl.engines.training import TrainingWorker
+
+    def grads(coef: float) -> tuple[dict, dict[str, torch.Tensor]]:
+        with socket.socket() as s:
+            s.bind(("", 0))
+            port = s.getsockname()[1]
+        cfg = ArcticRLClientConfig(
+            model_name=str(moe_model),
+            seed=0,
+            training_config={"dtype": "float32", "zero_stage": 0, "router_aux_loss_coef": coef},
+        )
+        w = TrainingWorker(cfg.to_json(), rank=0, world_size=1)
+        w.setup("127.0.0.1", port)
+        batch = {k: v for k, v in fixed_batch().items()}
+        batch["input_ids"] = batch["input_ids"] % 200
+        batch["responses"] = batch["input_ids"][:, 10:].clone()
+        (metrics,) = w.forward_backward([batch], "sft", {})
+        out = {n: p.grad.detach().clone() for n, p in w.module.model.named_parameters() if p.grad is not None}
+        return metrics, out
+
+    logged, plain = grads(0.0)
+    trained, with_aux = grads(1.0)
+    assert logged["router/aux_loss"] > 0 and logged["router/aux_loss"] == pytest.approx(trained["router/aux_loss"])
+    gate = "model.layers.1.mlp.gate.weight"
+    assert not torch.allclose(with_aux[gate], plain[gate], atol=1e-7)
+    assert torch.equal(with_aux["lm_head.weight"], plain["lm_head.weight"])  # the head does not feed the routers

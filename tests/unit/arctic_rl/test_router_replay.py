@@ -113,3 +113,36 @@ def test_a_model_without_replayable_routers_is_refused_naming_the_setting():
 
     with pytest.raises(ConfigError, match="training_config.router_replay: the model .* has no MoE router"):
         router_replay.install(tiny_model("qwen3"))
+
+
+def aux_of(model, batch, zorro: bool, **kw) -> tuple[torch.Tensor, torch.Tensor]:
+    """(the auxiliary loss of one forward, its gradient on layer 0's router)."""
+    state = router_replay.install(model, replay=False) or router_replay.install(model)
+    state.collect = True
+    model.zero_grad(set_to_none=True)
+    (zorro_log_probs if zorro else naive_log_probs)(model, batch, **kw)
+    aux = router_replay.aux_loss(model)
+    aux.backward()
+    state.collect, state.collected = False, []
+    return aux.detach(), model.model.layers[0].mlp.gate.weight.grad.clone()
+
+
+def test_the_aux_loss_is_transformers_and_zorro_computes_the_naive_batch_s():
+    """router_replay.aux_loss is transformers' load_balancing_loss_func over the batch's real tokens (padding left
+    out, as its attention_mask does), and ZoRRo's packed batch, each prompt once but weighted by its group's rows,
+    gives the same value and router gradient."""
+    from transformers.models.qwen3_moe.modeling_qwen3_moe import load_balancing_loss_func
+
+    model = tiny_model("qwen3_moe", seed=9)
+    batch = make_batch(MIXED, P=12, R=6, seed=9)
+    aux, grad = aux_of(model, batch, zorro=False)
+    B, T = batch["input_ids"].shape
+    with torch.no_grad():
+        out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], output_router_logits=True)
+    hf = load_balancing_loss_func(out.router_logits, E, K, batch["attention_mask"])
+    torch.testing.assert_close(aux, hf.float(), atol=1e-6, rtol=1e-5)
+    assert aux > 0 and grad.abs().max() > 0
+    for kw in ({}, {"prefix_tree": True}):
+        z_aux, z_grad = aux_of(model, batch, zorro=True, **kw)
+        torch.testing.assert_close(z_aux, aux, atol=1e-6, rtol=1e-5)
+        torch.testing.assert_close(z_grad, grad, atol=1e-7, rtol=1e-4)
