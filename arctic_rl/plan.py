@@ -30,8 +30,9 @@ phase, in GiB:
              experts_per_token experts a token goes to; `routing` is the trainer's router logits, top-k ids and
              weights and the dispatch mask (routing_bytes); LoRA counts PEFT's adapters on the stacked experts
              and routers too.
-  host       every trainer/reference rank loads the whole model in fp32 before DeepSpeed partitions it; more than
-             --host-memory-gib (default DEFAULT_HOST_MEMORY_GIB) on the busiest node is a problem.
+  host       every trainer/reference rank loads the whole model in fp32 before DeepSpeed partitions it, except
+             under ZeRO-3 over several ranks (each loads its partitions, a decoder layer at a time: load_bytes);
+             more than --host-memory-gib (default DEFAULT_HOST_MEMORY_GIB) on the busiest node is a problem.
 The GPU's memory is --gpu-memory-gib (default 80, DEFAULT_GPU_MEMORY_GIB); the same per-engine model on a
 CPU device (Device.cpu(), the machine's RAM: engine_memory / engine_peak) has no CUDA context, vLLM-CPU's
 fixed KV cache, and the fp32 load as a start-up peak (tests/gpu/test_gpu_plan.py checks the GPU model
@@ -513,18 +514,37 @@ def engine_memory(
     }
 
 
-def startup_bytes(m: ModelShape, engine: str, device: Device) -> float:
+def partitioned_load(client: ArcticRLClientConfig) -> bool:
+    """ZeRO-3 over several ranks: each rank builds only its partitions and reads the checkpoint a decoder layer at
+    a time (engines/zero3_load.py) instead of loading the whole model."""
+    return client.training_config.zero_stage == 3 and client.training_gpus > 1
+
+
+def load_bytes(m: ModelShape, client: ArcticRLClientConfig) -> float:
+    """Host bytes one trainer/reference worker holds while its weights load: the whole model in fp32 (FP32_LOAD
+    bytes/param) before DeepSpeed casts and partitions it; under a partitioned load one decoder layer gathered (in
+    fp32) and, on rank 0, read."""
+    if partitioned_load(client):
+        return 2 * FP32_LOAD * m.params / max(m.layers, 1)
+    return FP32_LOAD * m.params
+
+
+def startup_bytes(m: ModelShape, engine: str, device: Device, client: ArcticRLClientConfig | None = None) -> float:
     """What one worker holds while it starts, where that is the device's memory. On CPU (host memory is the
-    device's) the trainer and the reference load the whole model in fp32 (FP32_LOAD bytes/param) before
-    DeepSpeed casts and partitions it; on a GPU that copy is host memory (a note of the plan: DeepSpeed
-    casts the module before it moves it to the device)."""
-    return FP32_LOAD * m.params if device.kind == "cpu" and engine != "sampling" else 0.0
+    device's) the trainer and the reference load the weights (load_bytes; a partitioned load also holds its
+    fp32 partition there); on a GPU the load is host memory (a note of the plan: DeepSpeed casts the module before
+    it moves it to the device)."""
+    if device.kind != "cpu" or engine == "sampling":
+        return 0.0
+    if client is not None and partitioned_load(client):
+        return load_bytes(m, client) + FP32_LOAD * m.params / client.training_gpus
+    return FP32_LOAD * m.params
 
 
 def engine_peak(m: ModelShape, client: ArcticRLClientConfig, tokens: int, device: Device) -> dict[str, float]:
     """Peak bytes of one worker of each deployed engine: its awake state, or its start-up if larger."""
     return {
-        engine: max(sum(parts.values()), startup_bytes(m, engine, device))
+        engine: max(sum(parts.values()), startup_bytes(m, engine, device, client))
         for engine, parts in engine_memory(m, client, tokens, device).items()
         if parts
     }
@@ -582,12 +602,12 @@ def make_plan(
         sum(e.engine != "sampling" for g in gpus.values() if g.node == k for e in g.engines) for k in range(nodes)
     )
     notes = _notes(run, client, m, phases, loaders, kv_tokens)
-    if FP32_LOAD * m.params * loaders > host_memory_gib * GiB:
+    if load_bytes(m, client) * loaders > host_memory_gib * GiB:
         problems.append(
             f"host memory at start-up: {loaders} trainer/reference worker(s) on the busiest node each load the "
-            f"whole model in fp32 ({_g(FP32_LOAD * m.params)} GiB) before DeepSpeed partitions it, "
-            f"{_g(FP32_LOAD * m.params * loaders)} GiB > --host-memory-gib={host_memory_gib:g} (ranks that load "
-            "only their ZeRO-3 partitions are not built yet: use nodes with more memory, or fewer ranks per node)"
+            f"whole model in fp32 ({_g(load_bytes(m, client))} GiB) before DeepSpeed partitions it, "
+            f"{_g(load_bytes(m, client) * loaders)} GiB > --host-memory-gib={host_memory_gib:g} (ZeRO-3 over "
+            "several ranks loads only each rank's partitions: use it, nodes with more memory, or fewer ranks per node)"
         )
     return Plan(
         name,
@@ -744,12 +764,19 @@ def _notes(
         )
     if not run.use_reference:
         notes.append("the loss uses no KL term: no reference engine is deployed")
-    fp32_load = 4 * m.params
-    notes.append(
-        f"host memory: each trainer/reference worker loads the whole model in fp32 ({_g(fp32_load)} GiB) "
-        f"before DeepSpeed partitions it; the busiest node has {loaders} such workers "
-        f"({_g(fp32_load * loaders)} GiB at start-up)"
-    )
+    load = load_bytes(m, client)
+    if partitioned_load(client):
+        notes.append(
+            f"host memory: ZeRO-3 over {client.training_gpus} ranks: each rank builds only its partitions and the "
+            f"checkpoint is read a decoder layer at a time, about {_g(load)} GiB per worker while loading; the "
+            f"busiest node has {loaders} such workers ({_g(load * loaders)} GiB at start-up)"
+        )
+    else:
+        notes.append(
+            f"host memory: each trainer/reference worker loads the whole model in fp32 ({_g(load)} GiB) "
+            f"before DeepSpeed partitions it; the busiest node has {loaders} such workers "
+            f"({_g(load * loaders)} GiB at start-up)"
+        )
     if client.vllm_config.weight_sync == "reload":
         bucket = client.vllm_config.sync_bucket_mb
         notes.append(

@@ -89,3 +89,12 @@ def make_tiny_model(
     model.config.dtype = dtype
     model.save_pretrained(path)
     return path
+
+
+def make_tiny_moe(path: str | Path, family: str = "qwen3_moe", **extra) -> Path:
+    """A random mixture-of-experts model: 4 experts, 2 per token, every layer sparse (Qwen2-MoE: with a shared
+    expert beside them)."""
+    moe = {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 64, "decoder_sparse_step": 1}
+    if family == "qwen2_moe":
+        moe["shared_expert_intermediate_size"] = 128
+    return make_tiny_model(path, family, mlp_only_layers=[], **{**moe, **extra})

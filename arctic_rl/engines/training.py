@@ -32,7 +32,7 @@ from arctic_rl.engines.cpu_share import apply_cpu_share, cpu_now
 from arctic_rl.engines.forward import response_log_probs
 from arctic_rl.engines.lora import apply_lora, policy_weights, trainable_parameters
 from arctic_rl.engines.memory import MemoryMark, freed_memory_returned
-from arctic_rl.engines.model import accelerator, load_hf_model
+from arctic_rl.engines.model import accelerator, import_model_code, load_hf_model
 from arctic_rl.engines.offload import EngineSleeper, sleep_info, state_digest
 from arctic_rl.engines.safe_load import load_tensors_only
 from arctic_rl.engines.startup import reports_start_failure
@@ -138,6 +138,7 @@ class TrainingWorker:
         self.cfg = ArcticRLClientConfig.from_json(config_json)
         self.rank, self.world_size, self.trainable = rank, world_size, trainable
         self.engine: Any = None  # the DeepSpeed engine, made in setup()
+        self.load_peak: int | None = None  # the weights' load's peak bytes (above RSS when it started)
         self.module: Any = None
         self.sleeper: EngineSleeper | None = None  # set while asleep
         self.lora = False  # LoRA adapters on this worker's model (training_config.lora; never the reference)
@@ -172,15 +173,34 @@ class TrainingWorker:
             await_build_lock("deepspeed_shm_comm")  # init_distributed loads it; a dead build's lock would hang it
         deepspeed.init_distributed(dist_backend="nccl" if accelerator() == "cuda" else "gloo")
         bf16 = tc.dtype == "bfloat16"
+        partitioned = tc.zero_stage == 3 and self.world_size > 1
         self.memory = MemoryMark()  # libraries imported, process group up: what follows is the engine's state
-        # Weights load in fp32; DeepSpeed's bf16 mode casts the module and keeps fp32 master weights.
+        ds_config: dict[str, Any] = {
+            "train_micro_batch_size_per_gpu": 1,
+            "gradient_accumulation_steps": 1,
+            "zero_optimization": {"stage": tc.zero_stage if self.trainable else min(tc.zero_stage, 3)},
+            "bf16": {"enabled": bf16},
+            "gradient_clipping": tc.grad_clip,
+            "zero_allow_untested_optimizer": True,
+            "steps_per_print": 1 << 30,
+            "wall_clock_breakdown": False,
+        }
+        # Weights load in fp32; DeepSpeed's bf16 mode casts the module and keeps fp32 master weights. Under ZeRO-3
+        # over several ranks each rank builds and loads only its partitions (engines/zero3_load.py), in DeepSpeed's
+        # compute dtype, its fp32 master partitions made from them.
+        if partitioned:
+            import arctic_rl.engines.zero3_load  # noqa: F401
+        import_model_code(self.cfg.model_name)
+        load_mark = MemoryMark()  # the weights' load alone, its code imported (VmHWM restarts at VmRSS: no peak lost)
         hf = load_hf_model(
             self.cfg.model_name,
             self.cfg.model_overrides,
-            torch.float32,
+            torch.bfloat16 if partitioned and bf16 else torch.float32,
             gradient_checkpointing=tc.gradient_checkpointing and self.trainable,
             offload_activations=tc.offload_activations,
+            zero3_config=ds_config if partitioned else None,
         )
+        self.load_peak = load_mark.report()["peak_extra"]  # the load's peak, before DeepSpeed
         # Router replay (R3): the trainer's MoE routers take the sampler's expert choices (arctic_rl/router_replay.py).
         # MoE routers are hooked for the auxiliary load-balancing loss too (logged; in the loss with its coef).
         replay = tc.router_replay.enable and self.trainable
@@ -203,16 +223,6 @@ class TrainingWorker:
             zorro.prefix_tree,
             replay_prompts=tc.router_replay.prompt_tokens if replay else None,
         )
-        ds_config: dict[str, Any] = {
-            "train_micro_batch_size_per_gpu": 1,
-            "gradient_accumulation_steps": 1,
-            "zero_optimization": {"stage": tc.zero_stage if self.trainable else min(tc.zero_stage, 3)},
-            "bf16": {"enabled": bf16},
-            "gradient_clipping": tc.grad_clip,
-            "zero_allow_untested_optimizer": True,
-            "steps_per_print": 1 << 30,
-            "wall_clock_breakdown": False,
-        }
         if not self.trainable:
             model.requires_grad_(False)
             model.eval()
@@ -255,7 +265,8 @@ class TrainingWorker:
             "trainable": self.trainable,
             "asleep": self.sleeper is not None,
             "sleep": sleep_info(accelerator()),
-            "memory": self.memory.report() if self.memory is not None else None,
+            # load_peak_extra: the weights' load alone (before DeepSpeed), above the mark
+            "memory": {**self.memory.report(), "load_peak_extra": self.load_peak} if self.memory is not None else None,
             "host": socket.gethostname(),
             "node_id": ray.get_runtime_context().get_node_id(),
             "gpu_ids": [str(g) for g in ray.get_gpu_ids()],

@@ -18,7 +18,7 @@ import pytest
 import ray
 import torch
 from safetensors import safe_open
-from tiny_models import make_tiny_model
+from tiny_models import make_tiny_moe
 
 from arctic_rl import ArcticRLClientConfig, create_arctic_rl_client
 from arctic_rl.batch import from_samples
@@ -53,29 +53,12 @@ def sampler_tensor(client, name: str) -> torch.Tensor:
 
 @pytest.fixture(scope="module")
 def moe_model(tmp_path_factory):
-    return make_tiny_model(
-        tmp_path_factory.mktemp("models") / "tiny-qwen3-moe",
-        "qwen3_moe",
-        num_experts=4,
-        num_experts_per_tok=2,
-        moe_intermediate_size=64,
-        decoder_sparse_step=1,
-        mlp_only_layers=[],
-    )
+    return make_tiny_moe(tmp_path_factory.mktemp("models") / "tiny-qwen3-moe")
 
 
 @pytest.fixture(scope="module")
 def qwen2_moe_model(tmp_path_factory):
-    return make_tiny_model(
-        tmp_path_factory.mktemp("models") / "tiny-qwen2-moe",
-        "qwen2_moe",
-        num_experts=4,
-        num_experts_per_tok=2,
-        moe_intermediate_size=64,
-        shared_expert_intermediate_size=128,
-        decoder_sparse_step=1,
-        mlp_only_layers=[],
-    )
+    return make_tiny_moe(tmp_path_factory.mktemp("models") / "tiny-qwen2-moe", "qwen2_moe")
 
 
 @pytest.fixture(scope="module", params=list(MODES))

@@ -8,6 +8,7 @@ transformers, pydantic and DeepSpeed:
                                                    <- test_cascade_attention (torch stand-in)
   one DeepSpeed rank on CUDA (NCCL, ZeRO-1/2/3, bf16 with ZoRRo Train)
                                                    <- test_training
+  router replay's trainer side on a tiny MoE, ZoRRo exact with it <- test_router_replay
 The rest need the `gpu` extra (vLLM 0.32's CUDA build, flash-attn) and Ray, and skip without them:
   ZoRRo Train through flash-attn's own varlen kernel, the FLASH_ATTN cascade step with vLLM's kernel,
   vLLM on CUDA with the ZoRRo backend installed, the backend on one GPU (DeepSpeed + vLLM + sync).
@@ -45,6 +46,30 @@ def test_zorro_train_exact_fp32_on_cuda(name):
 
     assert pick_backend(torch.device("cuda"), "auto", torch.float32) == "concat"
     assert_same(tiny_model(name, seed=1).cuda(), _cuda(make_batch(MIXED, P=12, R=6, seed=1)))
+
+
+def test_router_replay_on_cuda():
+    """R3's trainer side on CUDA (the sampler's side there is vLLM's own enable_return_routed_experts, which this
+    image's missing vLLM cannot run): a tiny Qwen3-MoE routes every token where the batch says, and ZoRRo Train with
+    the replayed routing equals the naive batch, gradients included <- test_router_replay."""
+    from test_router_replay import L, other_routing, own_routing
+    from test_zorro_train import MIXED, assert_same, make_batch, tiny_model
+
+    from arctic_rl import router_replay
+    from arctic_rl.engines.forward import naive_log_probs
+
+    model = tiny_model("qwen3_moe", seed=3).cuda()
+    batch = _cuda(make_batch(MIXED, P=12, R=6, seed=3))
+    forced = other_routing(own_routing(model, batch).cpu()).cuda()
+    state = router_replay.install(model)
+    state.record = True
+    with torch.no_grad():
+        naive_log_probs(model, batch, routed_experts=forced)
+    B, T = batch["input_ids"].shape
+    used = torch.stack([state.used[layer] for layer in range(L)], 1).view(B, T, L, -1)
+    assert torch.equal(used, forced.long())
+    state.record = False
+    assert_same(model, batch, routed_experts=forced, naive_kw={"routed_experts": forced})
 
 
 @pytest.mark.parametrize("name", ["llama", "qwen2", "qwen3"])

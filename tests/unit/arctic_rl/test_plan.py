@@ -262,39 +262,38 @@ def test_the_30b_a3b_config_fits_one_node_of_8_and_tp_2_would_not():
         plan_run(load_run_config(MOE_30B, ["backend.vllm_config.tensor_parallel_size=2"]), nodes=1, gpus_per_node=8)
 
 
-def test_the_235b_a22b_config_is_refused_naming_the_start_up_host_memory():
-    """On 8 x 8 H200s its GPUs fit; what does not is every rank's fp32 load of the whole model before ZeRO-3
-    partitions it (876 GiB each, 8 per node, over a 2 TiB node), and the plan says so; with host memory for it,
-    it fits. On 80 GiB GPUs the sync phase is over as well."""
+def test_the_235b_a22b_config_fits_8x8_h200s_because_ranks_load_their_partitions():
+    """On 8 x 8 H200s it fits: under ZeRO-3 over 64 ranks each rank loads its partitions a decoder layer at a time
+    (engines/zero3_load.py). Were every rank to load the whole model in fp32 (876 GiB, 8 per node), the plan
+    refuses the start-up host memory of a 2 TiB node, naming it. On 80 GiB GPUs the sync phase is over."""
     run = load_run_config(MOE_235B)
     plan = make_plan(run, nodes=8, gpus_per_node=8, gpu_memory_gib=141)
     assert 235.0e9 < plan.model.params < 235.2e9 and 22.1e9 < plan.model.active_params < 22.3e9
-    (problem,) = plan.problems
-    assert problem.startswith("host memory at start-up: 8 trainer/reference worker(s)") and "875.8 GiB" in problem
-    assert make_plan(run, nodes=8, gpus_per_node=8, gpu_memory_gib=141, host_memory_gib=8192).fits
-    on_h100 = make_plan(run, nodes=8, gpus_per_node=8, gpu_memory_gib=80, host_memory_gib=8192).problems
+    assert plan.fits and any("each rank builds only its partitions" in n for n in plan.notes)
+    # the same model on ZeRO-2 (whole-model loads) over the same nodes: refused for the host memory, named
+    whole = make_plan(
+        load_run_config(MOE_235B, ["backend.training_config.zero_stage=2"]),
+        nodes=8,
+        gpus_per_node=8,
+        gpu_memory_gib=141,
+    )
+    start_up = [p for p in whole.problems if p.startswith("host memory at start-up: 8 trainer/reference worker(s)")]
+    assert start_up and "875.8 GiB" in start_up[0]
+    on_h100 = make_plan(run, nodes=8, gpus_per_node=8, gpu_memory_gib=80).problems
     assert any("in phase 'sync'" in p for p in on_h100)
 
 
 def test_lora_on_an_moe_model_counts_peft_s_adapters_on_experts_and_routers(tmp_path):
     """PEFT's 'all-linear' on an MoE model adapts the stacked experts (one low-rank update per expert) and the
     routers as parameters; the plan counts exactly what PEFT builds."""
-    from tiny_models import make_tiny_model
+    from tiny_models import make_tiny_moe
     from transformers import AutoConfig, AutoModelForCausalLM
 
     from arctic_rl.config import LoraConfig
     from arctic_rl.engines.lora import apply_lora
     from arctic_rl.plan import lora_params, model_shape
 
-    path = make_tiny_model(
-        tmp_path / "moe",
-        "qwen3_moe",
-        num_experts=4,
-        num_experts_per_tok=2,
-        moe_intermediate_size=64,
-        decoder_sparse_step=1,
-        mlp_only_layers=[],
-    )
+    path = make_tiny_moe(tmp_path / "moe")
     m = model_shape(AutoConfig.from_pretrained(path), str(path))
     assert m.experts == 4 and len(m.stacked) == 2 * m.moe_layers and len(m.routers) == m.moe_layers
     for targets in ("all-linear", ["q_proj", "v_proj"]):
