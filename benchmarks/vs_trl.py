@@ -11,28 +11,36 @@ from it, read back, and the run refuses to start unless both read back to the sa
   arctic-rl   arctic_rl.loop.run on the run config, what `arctic-rl run` calls: engines in Ray (DeepSpeed
               trainer with ZoRRo Train, vLLM-CPU sampler), rewards in a process pool
   trl         trl 1.16.0's GRPOTrainer on one process (from .venv/trl-bench, off the main path), model loaded
-              in fp32 and trained with bf16 autocast (TRL's default bf16=True; in continuous-batching mode
-              TRL casts the model itself to bf16 before its first generation, so it trains bf16 weights
-              from then on), gradient checkpointing off (TRL's default turns
-              it on to save memory, which would add a forward), the recipe's reward as a TRL reward
-              function calling the same scorer (arctic_rl.rewards.score_all: the same process pool)
+              in fp32 and trained with bf16 autocast (TRL's bf16=True: fp32 weights, which its AdamW updates),
+              gradient checkpointing off (TRL's default turns it on to save memory, which would add a
+              forward), the recipe's reward as a TRL reward function calling the same scorer
+              (arctic_rl.rewards.score_all: the same process pool)
 Both see the same prompts at each step (TRL's dataset is laid out in the loop's order, shuffle_dataset
-off) and score with the same function; the samples differ (each side's own seeds and sampler).
+off) and score with the same function; the samples differ (each side's own seeds and sampler). Each side
+runs in a fresh process of its own (`--side-worker`), one after the other, the order alternating between
+repetitions (--repeats); the arctic-rl side's Ray cluster is checked gone before the next side starts.
 
-TRL's generation: its documented fastest mode, `use_vllm=True, vllm_mode="colocate"`, does not run with
-vLLM-CPU 0.32: the LLM starts, but TRL's weight sync (load_weights into the running model) fails with
-"AttributeError: 'Parameter' object has no attribute 'weight_loader'" (vLLM-CPU repacks the linear weights
-after loading), so TRL runs with its default generation, transformers' `generate` in fp32, or with
-`--trl-generation continuous-batching` its other documented accelerated mode, transformers' continuous
-batching (`generate_batch`, paged attention, bf16), the faster of the two here (a --quick run of each).
-vLLM's stop string "```" becomes TRL's stop tokens: every token whose text holds it (a stop split across
-tokens is not caught; with SmolLM2's tokenizer "```" is one token).
+TRL's generation (--trl-generation vllm, the default): its documented fastest mode, `use_vllm=True,
+vllm_mode="colocate"`, vLLM-CPU 0.32 in TRL's process, in the sampler dtype arctic-rl's sampler uses
+(arctic_rl.config.sampler_dtype; TRL leaves vLLM at the checkpoint's dtype: `TrlVLLM` passes it). TRL's
+weight sync calls vLLM's `load_weights` on the running model, which fails on vLLM-CPU ("'Parameter' object
+has no attribute 'weight_loader'": vLLM-CPU repacks the linear weights after loading); arctic-rl's sampler
+meets the same limitation and reloads through vLLM's `reload_weights` instead (arctic_rl/engines/sampling.py
+_reload_bucket, which also re-packs a tied LM head's kernel), so TRL's sync is given the same function
+(`trl_vllm_sync`, through vLLM's collective_rpc). TRL's vLLM importance-sampling correction (on by default)
+is off: the arctic-rl run has none (cpu_demo.yaml sets no rollout_is). The settings check reads the master
+weights' dtype of both sides (arctic-rl: DeepSpeed's fp32 master copy; TRL: the module's parameters) and
+the sampler's dtype. The two earlier modes stay for comparison with the 2026-12-02 reports, and the check
+names what they change: `generate` (transformers' `generate`, fp32) and `continuous-batching`
+(transformers' `generate_batch`, in which TRL casts the model itself to bf16 before its first generation
+and then trains bf16 weights with no fp32 master copy). vLLM's stop string "```" becomes TRL's stop tokens
+in those two modes: every token whose text holds it.
 
 Differences that remain, each side's own design: arctic-rl's PPO loss has verl's dual clip (3.0) on
 negative advantages, TRL's has none; TRL shuffles the rows of a step before splitting them into micro-
 batches, arctic-rl keeps prompt groups whole (ZoRRo needs the group); the std in the advantage gets
-eps 1e-6 (arctic-rl) vs 1e-4 (TRL); arctic-rl trains a bf16 module with fp32 master weights (DeepSpeed),
-TRL fp32 weights under bf16 autocast.
+eps 1e-6 (arctic-rl) vs 1e-4 (TRL); arctic-rl's forward runs a bf16 copy of its fp32 master weights
+(DeepSpeed's bf16 mode), TRL's the fp32 weights under bf16 autocast.
 
 Phases (seconds per step, verl's names; TRL's from timers around its own methods): gen (TRL: `_generate`),
 reward (`_calculate_rewards`), old_log_prob (TRL: the rest of `_generate_and_score_completions`: the old
@@ -44,6 +52,7 @@ the same setup tags) for `arctic-rl compare --experiment vs_trl`, and the two re
 rolling mean) to one PNG beside the report.
 
     python benchmarks/vs_trl.py                 # the full workload (10 steps), both sides, report + plot
+    python benchmarks/vs_trl.py --repeats 2     # twice, the second repetition in the other order
     python benchmarks/vs_trl.py --quick         # 2 steps of 2 prompts, n 4, 16 tokens: for development
     python benchmarks/vs_trl.py --steps 6       # fewer steps
     python benchmarks/vs_trl.py --check-only    # the settings check only
@@ -52,6 +61,7 @@ rolling mean) to one PNG beside the report.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -80,11 +90,13 @@ TRL_DIR = Path(sys.executable).parent.parent / "trl-bench"
 CONFIG = ROOT / "recipes" / "text2sql" / "configs" / "cpu_demo.yaml"
 EXPERIMENT = "vs_trl"
 FRAMEWORK_TRL = "trl"
-# TRL's generation modes that run here (--trl-generation); its vLLM colocate mode fails on vLLM-CPU
+# TRL's generation modes (--trl-generation); vllm needs the sync shim below (trl_vllm_sync)
 TRL_GENERATIONS = {
+    "vllm": "vLLM-CPU colocated (use_vllm, vllm_mode colocate), arctic-rl's sampler dtype, arctic-rl's reload as sync",
     "generate": "transformers generate (TRL's default), fp32",
     "continuous-batching": "transformers continuous batching (use_transformers_continuous_batching), bf16",
 }
+TRL_LOAD_DTYPE = "float32"  # run_trl loads TRL's model in fp32: its AdamW updates fp32 weights (bf16 autocast)
 PHASES = ("gen", "reward", "old_log_prob", "update_actor", "step")  # the phases both sides time
 # Every run: no SFT warm-up, no dev eval (TRL has neither), the benchmark's experiment, no GPU in the tags.
 BASE_OVERRIDES = ["sft_warmup.epochs=0", "eval.split=null", f"tracking.experiment={EXPERIMENT}", "checkpoint.every=0"]
@@ -138,6 +150,11 @@ class Workload:
     advantage: str  # grpo: (r - group mean) / group std
     seed: int
     recipe_options: dict
+    # what generates and what is trained: the sampler, its dtype, the dtype of the weights the optimizer updates
+    generation: str = "vllm"
+    sampler_dtype: str = "bfloat16"
+    master_weights: str = "float32"
+    rollout_correction: str = "none"  # importance sampling against the sampler's log-probs
 
 
 def run_config(quick: bool = False, steps: int | None = None, run_name: str = "vs_trl-arctic-rl"):
@@ -153,6 +170,8 @@ def run_config(quick: bool = False, steps: int | None = None, run_name: str = "v
 
 def arctic_workload(cfg) -> Workload:
     """The Workload an arctic-rl run config runs."""
+    from arctic_rl.config import sampler_dtype
+
     client = cfg.client_config()
     tc, loss = client.training_config, cfg.loss.config
     if cfg.loss.name != "grpo" or loss.get("policy_loss", "ppo") != "ppo":
@@ -188,6 +207,10 @@ def arctic_workload(cfg) -> Workload:
         advantage=cfg.advantage.estimator,
         seed=cfg.seed,
         recipe_options=dict(cfg.recipe.options),
+        generation="vllm",
+        sampler_dtype=sampler_dtype(client),
+        master_weights="float32",  # DeepSpeed keeps fp32 master weights in bf16 mode; fp32 mode is fp32 throughout
+        rollout_correction=str(loss.get("rollout_is") or "none"),
     )
 
 
@@ -196,14 +219,14 @@ TRL_LOSS_TYPE = {"token-mean": "dapo"}  # dapo: token-level sum / active tokens 
 TRL_SCALE_REWARDS = {"grpo": "group", "drgrpo": "none"}
 
 
-def trl_config(w: Workload, output_dir: Path, generation: str = "generate"):
+def trl_config(w: Workload, output_dir: Path, generation: str = "vllm"):
     """TRL's GRPOConfig for the workload (single CPU process, no logging integrations, no checkpoints)."""
     from trl import GRPOConfig
 
     return GRPOConfig(**trl_config_kwargs(w, output_dir, generation))
 
 
-def trl_config_kwargs(w: Workload, output_dir: Path, generation: str = "generate") -> dict[str, Any]:
+def trl_config_kwargs(w: Workload, output_dir: Path, generation: str = "vllm") -> dict[str, Any]:
     micro_per_step = w.prompts_per_step * w.n // w.rows_per_micro_batch
     batching = generation == "continuous-batching"
     if w.loss_agg not in TRL_LOSS_TYPE or w.advantage not in TRL_SCALE_REWARDS or w.lr_schedule != "constant":
@@ -248,11 +271,27 @@ def trl_config_kwargs(w: Workload, output_dir: Path, generation: str = "generate
         # memory for its paged cache (half of it) is a GPU's: on this shared 24 GiB machine a tenth is plenty
         use_transformers_continuous_batching=batching,
         transformers_continuous_batching_config={"max_memory_percent": 0.1} if batching else None,
+        # vLLM colocated in TRL's process; its sampler dtype is set by TrlVLLM (the GRPOConfig has no field for it)
+        use_vllm=generation == "vllm",
+        vllm_mode="colocate",
+        vllm_max_model_length=w.max_prompt_length + w.max_completion_length,
+        vllm_importance_sampling_correction=w.rollout_correction != "none",
+        vllm_enable_sleep_mode=False,
     )
 
 
-def trl_workload(args, model: str, dtype_model: str, max_prompt_length: int, stop, recipe_options: dict) -> Workload:
-    """The Workload a GRPOConfig runs (read back from it; what the config cannot hold is given)."""
+def trl_workload(
+    args,
+    model: str,
+    dtype_model: str,
+    max_prompt_length: int,
+    stop,
+    recipe_options: dict,
+    sampler_dtype: str = "bfloat16",
+) -> Workload:
+    """The Workload a GRPOConfig runs (read back from it; what the config cannot hold is given: the model, its
+    load dtype, the prompt window, the stops, the recipe, and the dtype TrlVLLM gives vLLM)."""
+    batching = bool(args.use_transformers_continuous_batching)
     micro_per_step = args.steps_per_generation
     opt_per_step = micro_per_step // args.gradient_accumulation_steps
     inv = lambda table, value: next((k for k, v in table.items() if v == value), f"trl:{value}")  # noqa: E731
@@ -284,6 +323,16 @@ def trl_workload(args, model: str, dtype_model: str, max_prompt_length: int, sto
         advantage=inv(TRL_SCALE_REWARDS, args.scale_rewards),
         seed=args.seed,
         recipe_options=dict(recipe_options),
+        generation="vllm" if args.use_vllm else "continuous-batching" if batching else "generate",
+        # transformers' generate runs the training module (fp32 weights under autocast); continuous batching casts
+        # the module itself to bf16 (GRPOTrainer._generate_single_turn: model.to(bfloat16)) and trains it so
+        sampler_dtype=sampler_dtype if args.use_vllm else "bfloat16" if batching else dtype_model,
+        master_weights="bfloat16" if batching else TRL_LOAD_DTYPE,
+        rollout_correction=(
+            str(args.vllm_importance_sampling_mode)
+            if args.use_vllm and args.vllm_importance_sampling_correction
+            else "none"
+        ),
     )
 
 
@@ -437,6 +486,30 @@ class SideResult:
         return [s["reward"] for s in self.steps]
 
 
+def trl_vllm_sync(self) -> None:
+    """TRL's VLLMGeneration.sync_weights for colocate mode on vLLM-CPU: the trainer's parameters (as TRL names
+    them for vLLM, its own _iter_named_params) reloaded through vLLM's reload_weights with arctic-rl's sampler
+    function (_reload_bucket: the same workaround arctic-rl's sync uses on vLLM-CPU), then TRL's prefix-cache
+    reset. TRL's own colocate branch calls model.load_weights, which vLLM-CPU's repacked linear layers refuse."""
+    from arctic_rl.engines.sampling import _reload_bucket
+
+    weights = [(name, param.detach()) for name, param in self._iter_named_params()]
+    self.llm.collective_rpc(_reload_bucket, args=(weights,))
+    self.llm.reset_prefix_cache()
+
+
+def install_trl_vllm_shims(sampler_dtype: str) -> None:
+    """TRL's colocated vLLM with arctic-rl's sampler dtype (TRL builds its LLM without one, so vLLM would take the
+    checkpoint's) and with trl_vllm_sync as its weight sync. Both are TRL's names patched in its module."""
+    import functools
+
+    from trl.generation import vllm_generation
+
+    if not isinstance(vllm_generation.LLM, functools.partial):
+        vllm_generation.LLM = functools.partial(vllm_generation.LLM, dtype=sampler_dtype)
+    vllm_generation.VLLMGeneration.sync_weights = trl_vllm_sync
+
+
 def run_trl(cfg, w: Workload, out: Path, generation: str) -> SideResult:
     import importlib
 
@@ -451,10 +524,13 @@ def run_trl(cfg, w: Workload, out: Path, generation: str) -> SideResult:
     prompt_tokens = {r["idx"]: len(tokenizer(r["prompt"], add_special_tokens=False)["input_ids"]) for r in rows}
     recipe = importlib.import_module(f"recipes.{cfg.recipe.name}")
     reward = Text2SQLReward(recipe.reward, examples, prompt_tokens)
-    model = AutoModelForCausalLM.from_pretrained(cfg.model.path, dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(cfg.model.path, dtype=getattr(torch, TRL_LOAD_DTYPE))
     model.generation_config.eos_token_id = sorted({tokenizer.eos_token_id, *stop_token_ids(tokenizer, w.stop)})
     args = trl_config(w, out / "trl", generation)
-    check_same(w, trl_workload(args, w.model, w.dtype, w.max_prompt_length, w.stop, w.recipe_options))
+    tw = trl_workload(args, w.model, w.dtype, w.max_prompt_length, w.stop, w.recipe_options, w.sampler_dtype)
+    check_same(w, tw, allowed=GENERATION_FIELDS if generation != "vllm" else ())
+    if generation == "vllm":
+        install_trl_vllm_shims(w.sampler_dtype)
     clock = PhaseClock()
     trainer_cls, callback = timed_trainer(clock, w.optimizer_steps_per_step)
     trainer = trainer_cls(
@@ -467,6 +543,13 @@ def run_trl(cfg, w: Workload, out: Path, generation: str) -> SideResult:
     )
     trainer.train()
     wall = time.perf_counter() - t0
+    # What ran, read from the objects themselves: the weights the optimizer updated and the sampler's dtype
+    ran = {"master_weights": str(next(trainer.model.parameters()).dtype).removeprefix("torch.")}
+    if generation == "vllm":
+        ran["sampler_dtype"] = str(trainer.vllm_generation.llm.llm_engine.model_config.dtype).removeprefix("torch.")
+    wrong = {k: f"{v} (expected {getattr(tw, k)})" for k, v in ran.items() if v != getattr(tw, k)}
+    if wrong:
+        raise RuntimeError(f"TRL did not run the settings it was given: {wrong}")
     drawn = [c["idx"] for c in reward.calls]
     if drawn != step_order(w, len(examples)):
         raise RuntimeError(f"TRL drew other prompts than the loop: {drawn} vs {step_order(w, len(examples))}")
@@ -478,7 +561,7 @@ def run_trl(cfg, w: Workload, out: Path, generation: str) -> SideResult:
         }
         for s, c in zip(clock.steps, reward.calls, strict=True)
     ]
-    return SideResult("trl", steps, wall, [f"TRL generation: {TRL_GENERATIONS[generation]}"])
+    return SideResult("trl", steps, wall, [f"TRL generation: {TRL_GENERATIONS[generation]}", f"TRL ran: {ran}"])
 
 
 def log_trl_mlflow(result: SideResult, w: Workload, args, generation: str) -> str:
@@ -530,10 +613,16 @@ def run_arctic(cfg) -> SideResult:
 # ---------------------------------------------------------------------------------------------
 
 
-def check_same(a: Workload, b: Workload) -> None:
-    diff = differences(a, b)
+GENERATION_FIELDS = ("generation", "sampler_dtype", "master_weights")
+
+
+def check_same(a: Workload, b: Workload, allowed: tuple[str, ...] = ()) -> list[str]:
+    """Refuses two workloads that differ, but for the `allowed` fields (TRL's earlier generation modes): those
+    differences are returned, to be printed and reported."""
+    diff = [d for d in differences(a, b) if d.split(":")[0] not in allowed]
     if diff:
         raise SystemExit("the two sides would not run the same workload:\n  " + "\n  ".join(diff))
+    return differences(a, b)
 
 
 def median_after_first(values: list[float]) -> float:
@@ -541,7 +630,7 @@ def median_after_first(values: list[float]) -> float:
     return statistics.median(values[1:] or values)
 
 
-def summarize(results: dict[str, SideResult], report: Report | None) -> dict[str, float]:
+def summarize(results: dict[str, SideResult], report: Report | None, label: str = "") -> dict[str, float]:
     rows = []
     for name, r in results.items():
         row: dict[str, Any] = {"side": name}
@@ -570,36 +659,89 @@ def summarize(results: dict[str, SideResult], report: Report | None) -> dict[str
         print(f"  {name} reward per step: " + " ".join(f"{x:.3f}" for x in r.rewards))
     if report is not None:
         for row in rows:
-            report.add("seconds per step (median over the steps after the first), tokens/s, wall clock", **row)
+            report.add(f"seconds per step (median over the steps after the first), tokens/s, wall clock{label}", **row)
         for name, r in results.items():
             report.add(
-                "reward per step (critic/rewards/mean)",
+                f"reward per step (critic/rewards/mean){label}",
                 side=name,
                 **{str(i): f"{x:.3f}" for i, x in enumerate(r.rewards, 1)},
             )
         if ratios:
             report.add(
-                "TRL / arctic-rl (above 1: arctic-rl is faster)",
+                f"TRL / arctic-rl (above 1: arctic-rl is faster){label}",
                 **{k: f"{v:.2f}x" for k, v in ratios.items()},
             )
     return ratios
+
+
+def run_side(args, cfg, w: Workload, side: str, result_path: Path) -> None:
+    """One side, in this (fresh) process: its result goes to `result_path` as soon as it is done."""
+    if side == "arctic-rl":
+        result = run_arctic(cfg)
+    else:
+        result = run_trl(cfg, w, args.out, args.trl_generation)
+        trl_args = trl_config(w, args.out / "trl", args.trl_generation)
+        result.run_id = log_trl_mlflow(result, w, trl_args, args.trl_generation)
+    print(f"{side}: {result.wall_s:.1f}s end to end, mlflow run {result.run_id}", flush=True)
+    result_path.write_text(json.dumps(asdict(result)))
+
+
+def spawn_side(side: str, rep: int, result_path: Path) -> SideResult:
+    """Runs one side in a fresh Python process (no import, thread pool, Ray session or allocator state of the
+    other side). After it exits no process it started may remain (the arctic-rl side's embedded Ray cluster,
+    whose processes name its temp folder, arctic_rl.local_ray): any that do are killed and the run stops, since
+    the next side would share the cores with them."""
+    import signal
+    import subprocess
+
+    from arctic_rl.local_ray import ray_temp_root
+
+    marker = str(ray_temp_root() / "local")
+    before = set(_pids_naming(marker))  # another user of the folder (a test run) is not ours to judge
+    print(f"\n== {side} (repetition {rep + 1}, fresh process) ==", flush=True)
+    cmd = [sys.executable, __file__, *sys.argv[1:], "--side-worker", side, "--result", str(result_path)]
+    subprocess.run(cmd, check=True)
+    time.sleep(2)  # Ray's processes end a moment after the driver
+    left = sorted(set(_pids_naming(marker)) - before)
+    for pid in left:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    if left:
+        raise SystemExit(f"{side}: {len(left)} processes of its Ray cluster outlived it (killed): {left}")
+    return SideResult(**json.loads(result_path.read_text()))
+
+
+def _pids_naming(text: str) -> list[int]:
+    out = []
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                if text in (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace"):
+                    out.append(int(proc.name))
+            except OSError:
+                continue
+    return out
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="2 steps of 2 prompts, n 4, 16 tokens: for development")
     ap.add_argument("--steps", type=int, default=None, help="GRPO steps (default: the config's, 10)")
-    ap.add_argument("--sides", default="arctic-rl,trl", help="comma-separated: arctic-rl, trl")
+    ap.add_argument("--sides", default="arctic-rl,trl", help="comma-separated, the first repetition's order")
+    ap.add_argument("--repeats", type=int, default=1, help="repetitions; each after the first reverses the order")
     ap.add_argument(
         "--check-only", action="store_true", help="check that both sides get the same settings; run nothing"
     )
     ap.add_argument(
         "--trl-generation",
         choices=sorted(TRL_GENERATIONS),
-        default="generate",
-        help="TRL's generation: its default transformers generate (fp32), or transformers continuous batching (bf16)",
+        default="vllm",
+        help="TRL's generation: vLLM-CPU colocated (default), transformers generate (fp32), or transformers "
+        "continuous batching (bf16 weights)",
     )
     ap.add_argument("--out", type=Path, default=Path("outputs/bench_vs_trl"), help="TRL's output folder")
+    ap.add_argument("--side-worker", choices=("arctic-rl", "trl"), help=argparse.SUPPRESS)
+    ap.add_argument("--result", type=Path, help=argparse.SUPPRESS)
     add_report_args(ap)
     args = ap.parse_args()
     sides = args.sides.split(",")
@@ -607,22 +749,38 @@ def main() -> None:
         raise SystemExit(f"--sides {args.sides!r}: expected a comma-separated subset of arctic-rl,trl")
     if args.steps is not None and args.steps < 1:
         raise SystemExit(f"--steps {args.steps}: expected an integer >= 1")
+    if args.repeats < 1:
+        raise SystemExit(f"--repeats {args.repeats}: expected an integer >= 1")
 
     use_trl()
     cfg = run_config(args.quick, args.steps)
     w = arctic_workload(cfg)
-    check_same(
-        w,
-        trl_workload(trl_config(w, args.out / "trl"), w.model, w.dtype, w.max_prompt_length, w.stop, w.recipe_options),
+    tw = trl_workload(
+        trl_config(w, args.out / "trl", args.trl_generation),
+        w.model,
+        w.dtype,
+        w.max_prompt_length,
+        w.stop,
+        w.recipe_options,
+        w.sampler_dtype,
     )
+    allowed = GENERATION_FIELDS if args.trl_generation != "vllm" else ()
+    if args.side_worker:
+        run_side(args, cfg, w, args.side_worker, args.result)
+        return
+    unlike = check_same(w, tw, allowed)
     print("one workload, both sides (arctic-rl run config and TRL GRPOConfig read back equal):")
     for k, v in asdict(w).items():
         print(f"  {k}: {v}")
+    for d in unlike:
+        print(f"  differs in this TRL mode: {d}")
     if args.check_only:
         return
     report = Report.start("vs_trl", "TRL's GRPOTrainer vs arctic-rl run: text2sql CPU workload, end to end", args)
     report.note(__doc__.split("\n\n", 1)[1].split("\n    python")[0])
     report.add("workload (both sides)", **{k: v for k, v in asdict(w).items() if k != "recipe_options"})
+    if unlike:
+        report.note("**Not the same settings** (TRL's generation mode): " + "; ".join(unlike) + ".")
     if args.steps is not None:
         report.note(
             f"**Fewer steps**: {w.steps} GRPO steps (--steps), not the config's {run_config(args.quick).train.steps}."
@@ -631,34 +789,43 @@ def main() -> None:
     report.note(f"TRL generation in this run: {generation}.")
     print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores; TRL generation: {generation}")
 
-    results: dict[str, SideResult] = {}
     args.out.mkdir(parents=True, exist_ok=True)
-    for side in sides:  # one after the other: each side has the machine to itself (but for other users)
-        print(f"\n== {side} ==", flush=True)
-        if side == "arctic-rl":
-            results[side] = run_arctic(cfg)
-        else:
-            r = run_trl(cfg, w, args.out, args.trl_generation)
-            trl_args = trl_config(w, args.out / "trl", args.trl_generation)
-            r.run_id = log_trl_mlflow(r, w, trl_args, args.trl_generation)
-            results[side] = r
-        print(f"{side}: {results[side].wall_s:.1f}s end to end, mlflow run {results[side].run_id}", flush=True)
-        # kept as soon as a side is done: a later failure (another job taking the machine's memory) loses only the rest
-        (args.out / f"{side}.json").write_text(json.dumps(asdict(results[side])))
+    runs: list[dict[str, SideResult]] = []
+    for rep in range(args.repeats):
+        order = sides if rep % 2 == 0 else sides[::-1]
+        results = {side: spawn_side(side, rep, args.out / f"{side}-{rep}.json") for side in order}
+        report.note(f"Repetition {rep + 1}: {' then '.join(order)}, each in a fresh process.")
+        runs.append(results)
 
     print("\nseconds per step (median over the steps after the first):")
-    ratios = summarize(results, report)
+    all_ratios = []
+    for rep, results in enumerate(runs):
+        if args.repeats > 1:
+            print(f"repetition {rep + 1}:")
+        all_ratios.append(summarize(results, report, f" (repetition {rep + 1})" if args.repeats > 1 else ""))
+    results = runs[0]
     png = report.path().with_suffix(".png")
     tracking.plot_reward_runs(
-        {name: (r.rewards, None) for name, r in results.items()}, png, title="text2sql CPU: TRL vs arctic-rl"
+        {f"{name} (rep {i + 1})": (r.rewards, None) for i, res in enumerate(runs) for name, r in res.items()},
+        png,
+        title="text2sql CPU: TRL vs arctic-rl",
     )
     report.note(f"Reward curves: [{png.name}]({png.name}) (per step, rolling mean over {tracking.ROLLING_WINDOW}).")
-    if ratios:
-        first, second = results["arctic-rl"].rewards, results["trl"].rewards
+    if all_ratios and all_ratios[0]:
+        med = {k: statistics.median(r[k] for r in all_ratios) for k in all_ratios[0]}
+        spread = {k: (min(r[k] for r in all_ratios), max(r[k] for r in all_ratios)) for k in all_ratios[0]}
+        rewards = {name: statistics.mean(x for res in runs for x in res[name].rewards) for name in ("arctic-rl", "trl")}
         summary = (
-            f"arctic-rl is {ratios['end to end']:.2f}x TRL end to end (target >= 3x), {ratios['steps only']:.2f}x "
-            f"on the steps alone, {ratios['step']:.2f}x per step (median); mean reward arctic-rl "
-            f"{statistics.mean(first):.3f} vs TRL {statistics.mean(second):.3f}"
+            f"arctic-rl is {med['end to end']:.2f}x TRL end to end (target >= 3x), {med['steps only']:.2f}x on the "
+            f"steps alone, {med['step']:.2f}x per step (median)"
+            + (
+                f"; over {len(runs)} repetitions end to end {spread['end to end'][0]:.2f}-"
+                f"{spread['end to end'][1]:.2f}x"
+                if len(runs) > 1
+                else ""
+            )
+            + f"; mean reward arctic-rl {rewards['arctic-rl']:.3f}, TRL {rewards['trl']:.3f} (one seed from the "
+            "base model: not a learning comparison)"
         )
         print(summary)
         report.note(f"**Summary**: {summary}. MLflow: `arctic-rl compare --experiment {EXPERIMENT}`.")

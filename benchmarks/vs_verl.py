@@ -7,6 +7,9 @@ token-mean, no entropy or KL term), fp32, one micro-batch holding the whole grou
                 gradient clipping) built by its own initialize() from the model folder; one update is
                 its train_batch (forward_backward_batch with verl.workers.utils.losses.ppo_loss, then
                 optimizer_step) on the TensorDict verl's trainer makes (left_right_2_no_padding)
+  verl+fused    the same engine with verl's fused kernels (model.use_fused_kernels, impl_backend "torch":
+                verl.utils.experimental.torch_functional.FusedLinearForPPO, the LM head and log-probs in
+                chunks without the [tokens, vocab] logits; its "triton" backend is CUDA-only)
   verl+pg       the same engine and module; the forward is verl's PrefixGrouper integration
                 (verl.trainer.ppo.prefix_grouper_utils.forward_micro_batch_with_prefix_grouper, with
                 verl's apply_prefix_grouper_patch on transformers' attention functions), the loss
@@ -33,11 +36,15 @@ remove-padding path needs flash-attn's varlen kernel to keep packed sequences ap
 no longer calls its PrefixGrouper forward (the legacy dp_actor that did is gone), so verl+pg calls it on
 the engine's module; PrefixGrouper hands the attention function flash-attn's 2-D key masks (causal aligned
 bottom-right), which transformers' SDPA function cannot take, so `flash_mask_sdpa` turns them into SDPA's
-4-D boolean masks (verl's own patch then wraps that function). Gradient checkpointing is off on every side (verl's default turns it on, which would
-add a forward to verl's time).
+4-D boolean masks (verl's own patch then wraps that function); PrefixGrouper's prefix call (queries and keys
+the prompt alone, no padding) goes to SDPA as a causal call without a mask, as flash-attn runs it, so the
+prompt's attention skips the masked half. Its suffix call takes each response's copy of the prompt's keys and
+values (PrefixGrouper's batch_repeat_cat, prefix_grouper/forward.py: the same on CUDA). Gradient checkpointing
+is off on every side (verl's default turns it on, which would add a forward to verl's time).
 
-Times are the minimum over interleaved updates (wall clock and process CPU time). The FLOP limit is
-benchmarks/zorro_train.py's: padded-batch matmul FLOPs over ZoRRo's. Peak memory is the resident
+Times are the median and interquartile range over --reps interleaved updates (wall clock and process CPU
+time; a warm-up update first). The FLOP limit is benchmarks/zorro_train.py's: the padded batch's FLOPs over
+ZoRRo's, linear layers, LM head and causal attention (scores and values) counted. Peak memory is the resident
 high-water mark above the level before the update (VmHWM, reset just before), in a fresh process per
 variant; on CUDA the allocator's high-water mark. Each variant's update times also go to MLflow
 (experiment "vs_verl", tags framework/backend/recipe/model/n/...), for `arctic-rl compare`.
@@ -56,9 +63,11 @@ import gc
 import json
 import os
 import socket
+import statistics
 import subprocess
 import sys
 import time
+import types
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -75,13 +84,18 @@ from zorro_train import MODELS, _status_bytes, flops
 VENV = Path(sys.executable).parent.parent
 VERL_DIRS = ("verl-trainer", "verl-ref")
 
-VARIANTS = ("verl", "verl+pg", "arctic", "arctic+zorro")
+VARIANTS = ("verl", "verl+fused", "verl+pg", "arctic", "arctic+zorro")
 LEFT_OUT = next(p for p in __doc__.split("\n\n") if p.startswith("What of verl does not run here"))
 WORKLOADS = {
     # W1 (benchmarks/zorro_train.py): its small model, prompt 1024, response 128, G 16
     "w1": dict(model="small", prompt=1024, response=128, group=16),
     # the demo model's shape (SmolLM2-135M-Instruct: arctic_rl/demo_model.py), random weights
-    "demo": dict(model="smollm2-135m", prompt=256, response=32, group=8),
+    # Five engines of this model (weights, gradients, AdamW state and verl's logits) in one process pass 19 GiB and
+    # the machine's 24 GiB with the memory runs (killed twice on 2026-12-05): its default leaves verl+fused out,
+    # which `--workloads demo --variants verl,verl+fused` times on its own
+    "demo": dict(
+        model="smollm2-135m", prompt=256, response=32, group=8, variants=("verl", "verl+pg", "arctic", "arctic+zorro")
+    ),
     # for tests/unit/test_vs_verl.py: seconds, not minutes
     "tiny": dict(model="tiny", prompt=48, response=8, group=4),
 }
@@ -111,6 +125,7 @@ MODELS.setdefault(
 # (framework, backend) tags of each variant's MLflow run: `arctic-rl compare` sets arctic-rl rows against verl's
 RUN_TAGS = {
     "verl": ("verl", "native"),
+    "verl+fused": ("verl+fused_kernels", "native"),
     "verl+pg": ("verl+prefix_grouper", "native"),
     "arctic": ("arctic-rl without ZoRRo", "arctic-rl"),  # a framework of its own: compare labels by framework
     "arctic+zorro": ("arctic-rl", "arctic-rl"),
@@ -309,7 +324,7 @@ def actor_config():
     return ActorConfig(strategy="fsdp2", rollout_n=1, ppo_micro_batch_size_per_gpu=1)
 
 
-def verl_engine(folder: Path):
+def verl_engine(folder: Path, fused: bool = False):
     from verl.trainer.config import CheckpointConfig
     from verl.workers.config import FSDPEngineConfig, FSDPOptimizerConfig, HFModelConfig
     from verl.workers.engine.fsdp.transformer_impl import FSDPEngineWithLMHead
@@ -322,18 +337,55 @@ def verl_engine(folder: Path):
             use_remove_padding=False,
             enable_gradient_checkpointing=False,
             override_config={"attn_implementation": "sdpa"},
+            use_fused_kernels=fused,
+            fused_kernel_options={"impl_backend": "torch"} if fused else {},
         ),
         FSDPEngineConfig(strategy="fsdp2", mixed_precision=fp32, model_dtype="fp32", use_torch_compile=False),
         FSDPOptimizerConfig(lr=LR, weight_decay=WEIGHT_DECAY, clip_grad=GRAD_CLIP, total_training_steps=1),
         CheckpointConfig(),
     )
-    engine.initialize()
+    from transformers import LlamaForCausalLM
+
+    plain = LlamaForCausalLM.forward
+    with head_in_root_unit() if fused else contextlib.nullcontext():
+        engine.initialize()
+    if fused:
+        # verl installs its fused forward on the model's class (verl/models/transformers/monkey_patch.py,
+        # patch_forward_with_backends: model.__class__.forward = ...), which would give every other variant's
+        # Llama in this process a forward that refuses their inputs: it goes on this engine's module alone.
+        fused_forward, LlamaForCausalLM.forward = LlamaForCausalLM.forward, plain
+        engine.module.forward = types.MethodType(fused_forward, engine.module)
     engine.mode = "train"
     engine.module.train()
     return engine
 
 
-def verl_data(batch: dict, device: str):
+@contextlib.contextmanager
+def head_in_root_unit():
+    """verl's FSDP2 wrapping with the LM head in the root's unit instead of one of its own. verl 0.9.1's fused
+    forward multiplies by `self.lm_head.weight` without calling the head (verl/models/transformers/dense_common.py,
+    forward_with_torch_backend), and an untied head is wrapped alone (verl/utils/fsdp_utils.py,
+    _select_fsdp2_wrap_targets), so its weight is still a sharded DTensor there: "aten.mm.default got mixed
+    torch.Tensor and DTensor", on CUDA too (verl issue #5633). Tied heads are in the root's unit in verl's own code;
+    this does the same for an untied one, so the root's forward gathers it. Over one rank the sharding is the same
+    either way, and the equal-gradients check compares the result with plain verl. (verl's default FSDP1 does not
+    run on a CPU: torch's FSDP1 refuses CPU parameters with verl's sync_module_states=True.)"""
+    from verl.utils import fsdp_utils
+
+    select = fsdp_utils._select_fsdp2_wrap_targets
+
+    def without_head(model, *args, **kwargs):
+        head = model.get_output_embeddings()
+        return [m for m in select(model, *args, **kwargs) if m is not head]
+
+    fsdp_utils._select_fsdp2_wrap_targets = without_head
+    try:
+        yield
+    finally:
+        fsdp_utils._select_fsdp2_wrap_targets = select
+
+
+def verl_data(batch: dict, device: str, fused: bool = False):
     """The TensorDict verl's trainer hands update_actor (ray_trainer._update_actor, one mini-batch)."""
     from tensordict import TensorDict
     from verl.utils import tensordict_utils as tu
@@ -364,18 +416,18 @@ def verl_data(batch: dict, device: str):
         use_dynamic_bsz=False,
         micro_batch_size_per_gpu=B,
         max_token_len_per_gpu=None,
-        use_fused_kernels=False,
+        use_fused_kernels=fused,
     )
     return td
 
 
-def verl_update(engine, batch: dict, step: bool, device: str) -> float:
+def verl_update(engine, batch: dict, step: bool, device: str, fused: bool = False) -> float:
     """verl's train_batch (zero_grad, forward_backward_batch, optimizer_step) and its lr-scheduler step;
     step=False stops after the backward (gradients kept)."""
     from verl.workers.utils.losses import ppo_loss
 
     loss_fn = partial(ppo_loss, config=actor_config())
-    data = verl_data(batch, device)
+    data = verl_data(batch, device, fused)
     if step:
         out = engine.train_batch(data, loss_function=loss_fn)
         engine.lr_scheduler_step()
@@ -394,6 +446,10 @@ def flash_mask_sdpa(sdpa):
         if attention_mask is None or attention_mask.ndim != 2:
             return sdpa(module, query, key, value, attention_mask, *args, **kwargs)
         nq = query.shape[2]
+        if nq == key.shape[2] and bool(attention_mask.all()):
+            # PrefixGrouper's prefix call, nothing padded: plain causal attention, as flash-attn computes it
+            # (SDPA given no mask runs causal and skips the masked half; a 4-D mask would make it score all)
+            return sdpa(module, query, key, value, None, *args, **kwargs)
         kmask = attention_mask.bool()  # [b, kv]
         qmask = kmask[:, -nq:]  # flash-attn's _upad_input takes the queries' mask from the mask's tail
         krank, qrank = kmask.cumsum(-1) - 1, qmask.cumsum(-1) - 1
@@ -488,8 +544,12 @@ def arctic_worker(folder: Path, zorro: bool, G: int):
             "zorro_train": {"enable": zorro},
         },
     )
+    threads = torch.get_num_threads()
     w = TrainingWorker(cfg.to_json(), rank=0, world_size=1)
     w.setup(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]))
+    # An engine sets torch's threads to its CPU share (backend.cpu: OMP_NUM_THREADS, else 1); here every variant
+    # shares this one process, so the threads are put back and all variants compute with the same count
+    torch.set_num_threads(threads)
     return w
 
 
@@ -548,9 +608,10 @@ def variants(folder: Path, rows: int, device: str, only: tuple[str, ...] = VARIA
     init_process_group(device)
     out: dict[str, Variant] = {}
     # verl and verl+pg each get an engine: the check compares one optimizer step of each from the same weights
-    for name, update in (("verl", verl_update), ("verl+pg", verl_pg_update)):
+    verls = (("verl", verl_update), ("verl+fused", partial(verl_update, fused=True)), ("verl+pg", verl_pg_update))
+    for name, update in verls:
         if name in only:
-            engine = verl_engine(folder)
+            engine = verl_engine(folder, fused=name == "verl+fused")
             out[name] = Variant(
                 name, partial(update, engine, device=device), partial(verl_grads, engine), partial(verl_weights, engine)
             )
@@ -638,25 +699,67 @@ def memory_worker(args, variant: str) -> None:
 
 
 def peak_memory(args, folder: Path, spec: dict, names) -> dict[str, int]:
-    """One fresh process per variant, all at once (a process's own high-water mark does not depend on the
-    others'; on CUDA they would share the allocator's device, so they run one by one)."""
-    procs = {}
+    """One fresh process per variant, one at a time (a process's own high-water mark does not depend on the
+    others', but five engines of the demo model at once do not fit in 24 GiB; on CUDA they would share the
+    allocator's device)."""
+    out = {}
     for v in names:
         cmd = [sys.executable, __file__, "--memory-worker", v, "--folder", str(folder), "--device", args.device]
         cmd += ["--batch-spec", json.dumps(spec)] + (["--threads", str(args.threads)] if args.threads else [])
-        procs[v] = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        if args.device == "cuda":
-            procs[v].wait()
-    out = {}
-    for v, p in procs.items():
-        stdout, stderr = p.communicate()
+        p = subprocess.run(cmd, capture_output=True, text=True)
         if p.returncode:
-            raise RuntimeError(f"memory worker for {v} failed:\n{stderr[-3000:]}")
-        out[v] = json.loads(stdout.strip().splitlines()[-1])["peak_bytes"]
+            raise RuntimeError(f"memory worker for {v} failed:\n{p.stderr[-3000:]}")
+        out[v] = json.loads(p.stdout.strip().splitlines()[-1])["peak_bytes"]
     return out
 
 
 # ---------------------------------------------------------------------------------------------
+# timing summaries
+
+
+def median(xs: list[float]) -> float:
+    return statistics.median(xs)
+
+
+def quartiles(xs: list[float]) -> tuple[float, float]:
+    """The 25th and 75th percentiles (statistics.quantiles' inclusive method: within the data's range)."""
+    if len(xs) < 2:
+        return xs[0], xs[0]
+    q = statistics.quantiles(xs, n=4, method="inclusive")
+    return q[0], q[2]
+
+
+def speedup_iqr(base: list[float], other: list[float]) -> str:
+    """The interquartile range of the per-repetition ratios base/other (the repetitions are interleaved: the i-th
+    of each ran side by side in time, so the ratio of a pair sees the same machine load)."""
+    lo, hi = quartiles([b / o for b, o in zip(base, other)])
+    return f"{lo:.2f}-{hi:.2f}x"
+
+
+def decomposition(med: dict[str, float], wall: dict[str, list[float]], fl: dict) -> list[str]:
+    """Where the speedup over verl comes from: the engine on the same padded work (arctic vs verl, and verl's own
+    fused LM head), then ZoRRo alone (arctic+zorro vs arctic, against its FLOP limit)."""
+    out = []
+    if "arctic" in med:
+        out.append(
+            f"engine, same padded work: arctic-rl without ZoRRo {med['verl'] / med['arctic']:.2f}x verl "
+            f"(pairs' IQR {speedup_iqr(wall['verl'], wall['arctic'])}); verl's padded path runs the LM head and a "
+            "log-softmax over every position of every row (prompt and padding too) and keeps the [rows, positions, "
+            "vocab] logits for the backward; arctic-rl's runs it over the valid response tokens only, in chunks "
+            "(arctic_rl/logprob_head.py)"
+        )
+    if "verl+fused" in med:
+        out.append(
+            f"verl's own fused LM head (torch backend): {med['verl'] / med['verl+fused']:.2f}x verl "
+            f"(pairs' IQR {speedup_iqr(wall['verl'], wall['verl+fused'])})"
+        )
+    if {"arctic", "arctic+zorro"} <= set(med):
+        out.append(
+            f"ZoRRo alone: arctic-rl+ZoRRo {med['arctic'] / med['arctic+zorro']:.2f}x arctic-rl without it "
+            f"(pairs' IQR {speedup_iqr(wall['arctic'], wall['arctic+zorro'])}); its FLOP limit over the "
+            f"response-only head is {fl['limit_response_head']:.2f}x"
+        )
+    return out
 
 
 def log_mlflow(workload: str, model: str, P: int, R: int, G: int, device: str, times: dict[str, list[float]]) -> None:
@@ -692,7 +795,8 @@ def run_workload(args, name: str, report: Report | None) -> bool:
     spec = dict(vocab=MODELS[model]["vocab_size"], P=P, R=R, G=G)
     batch = make_batch(**spec)
     check = check_batch(folder, spec["vocab"], P, R)
-    vs = variants(folder, max(G, check["responses"].shape[0]), args.device, only=args.variants)
+    only = args.variants or w.get("variants", VARIANTS)
+    vs = variants(folder, max(G, check["responses"].shape[0]), args.device, only=only)
     c = MODELS[model]
     title = (
         f"{name}: model {model} (hidden {c['hidden_size']}, {c['num_hidden_layers']} layers, "
@@ -712,6 +816,7 @@ def run_workload(args, name: str, report: Report | None) -> bool:
     if not ok or args.check_only:
         return ok
 
+    print(f"timing with {torch.get_num_threads()} torch threads")
     sync = torch.cuda.synchronize if args.device == "cuda" else (lambda: None)
     wall = {v: [] for v in vs}
     cpu = {v: [] for v in vs}
@@ -730,37 +835,47 @@ def run_workload(args, name: str, report: Report | None) -> bool:
             sync()
             wall[v.name].append(time.perf_counter() - t0)
             cpu[v.name].append(time.process_time() - c0)
-    best = {v: min(t) for v, t in wall.items()}
-    best_cpu = {v: min(t) for v, t in cpu.items()}
+    med, med_cpu = {v: median(t) for v, t in wall.items()}, {v: median(t) for v, t in cpu.items()}
     if not args.no_mlflow:
         log_mlflow(name, model, P, R, G, args.device, {v: [warm[v], *wall[v]] for v in vs})
-    mem = {} if args.no_memory else peak_memory(args, folder, spec, list(vs))
+    names = list(vs)
+    vs.clear()  # the engines' weights and optimizer states (gigabytes each on demo) go before the memory runs
+    gc.collect()
+    mem = {} if args.no_memory else peak_memory(args, folder, spec, names)
     fl = flops(model, P, R, G)
     print(
-        f"FLOP limit {fl['limit']:.2f}x (padded batch / ZoRRo matmul FLOPs; {fl['limit_head_all']:.2f}x with "
+        f"FLOP limit {fl['limit']:.2f}x (padded batch / ZoRRo FLOPs; {fl['limit_head_all']:.2f}x with "
         "the LM head over prompt tokens too, as PrefixGrouper runs it)"
     )
-    hdr = ["variant", "wall s", "cpu s", "vs verl", "vs verl+pg", "peak MiB"]
-    print("  " + "".join(f"{h:>12s}" for h in hdr))
-    for v in vs:
-        sp, sp_pg = best["verl"] / best[v], best.get("verl+pg", float("nan")) / best[v]
+    hdr = ["variant", "wall s", "IQR", "cpu s", "vs verl", "vs verl+pg", "peak MiB"]
+    print("  " + "".join(f"{h:>14s}" for h in hdr))
+    for v in names:
+        sp, sp_pg = med["verl"] / med[v], med.get("verl+pg", float("nan")) / med[v]
+        lo, hi = quartiles(wall[v])
         peak = mem[v] / 2**20 if mem else float("nan")
-        print(f"  {v:>12s}{best[v]:12.3f}{best_cpu[v]:12.3f}{sp:11.2f}x{sp_pg:11.2f}x{peak:12.0f}")
+        print(
+            f"  {v:>14s}{med[v]:14.3f}{f'{lo:.3f}-{hi:.3f}':>14s}{med_cpu[v]:14.3f}{sp:13.2f}x{sp_pg:13.2f}x"
+            f"{peak:14.0f}"
+        )
         if report is not None:
             report.add(
-                f"{name}: one GRPO update (min over {args.reps} interleaved)",
+                f"{name}: one GRPO update (median and IQR over {args.reps} interleaved)",
                 variant=v,
-                **{"wall s": best[v], "cpu s": best_cpu[v], "vs verl": f"{sp:.2f}x", "vs verl+pg": f"{sp_pg:.2f}x"},
-                **{"FLOP limit": f"{fl['limit']:.2f}x", "peak MiB": peak if mem else ""},
-                **{"memory vs verl": f"{mem[v] / mem['verl']:.2f}" if mem else ""},
+                **{"wall s": med[v], "wall IQR": f"{lo:.3g}-{hi:.3g}", "cpu s": med_cpu[v]},
+                **{"vs verl": f"{sp:.2f}x", "vs verl IQR": speedup_iqr(wall["verl"], wall[v])},
+                **{"vs verl+pg": f"{sp_pg:.2f}x", "FLOP limit": f"{fl['limit']:.2f}x"},
+                **{"peak MiB": peak if mem else "", "memory vs verl": f"{mem[v] / mem['verl']:.2f}" if mem else ""},
             )
-    if {"verl+pg", "arctic+zorro"} <= set(best):
-        z = best["arctic+zorro"]
-        zc = best_cpu["arctic+zorro"]
+    for line in decomposition(med, wall, fl):
+        print(line)
+        if report is not None:
+            report.note(f"**{name}**, {line}")
+    if {"verl+pg", "arctic+zorro"} <= set(med):
+        z, zc = med["arctic+zorro"], med_cpu["arctic+zorro"]
         summary = (
-            f"arctic-rl+ZoRRo: {best['verl'] / z:.2f}x verl (target >= 5x), {best['verl+pg'] / z:.2f}x "
-            f"verl+PrefixGrouper (target >= 3x) in wall time; {best_cpu['verl'] / zc:.2f}x and "
-            f"{best_cpu['verl+pg'] / zc:.2f}x in process CPU time; FLOP limit {fl['limit']:.2f}x over verl, "
+            f"arctic-rl+ZoRRo: {med['verl'] / z:.2f}x verl (target >= 5x), {med['verl+pg'] / z:.2f}x "
+            f"verl+PrefixGrouper (target >= 3x) in median wall time; {med_cpu['verl'] / zc:.2f}x and "
+            f"{med_cpu['verl+pg'] / zc:.2f}x in process CPU time; FLOP limit {fl['limit']:.2f}x over verl, "
             f"{fl['limit'] / fl['limit_head_all']:.2f}x over verl+PrefixGrouper (which also dedups the prompt; "
             "what it computes more is the LM head over prompt tokens)"
         )
@@ -773,14 +888,17 @@ def run_workload(args, name: str, report: Report | None) -> bool:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--workloads", default="w1,demo", help=f"comma-separated: {', '.join(WORKLOADS)}")
-    ap.add_argument("--reps", type=int, default=3, help="timed updates per variant (interleaved; min reported)")
+    ap.add_argument(
+        "--reps", type=int, default=7, help="timed updates per variant (interleaved; median and IQR reported)"
+    )
     ap.add_argument("--quick", action="store_true", help=f"small sizes ({QUICK}), for development")
     ap.add_argument("--check-only", action="store_true", help="the equal-gradients check only; exit 1 if it fails")
     ap.add_argument(
         "--variants",
         type=lambda s: tuple(s.split(",")),
-        default=VARIANTS,
-        help=f"comma-separated subset of {','.join(VARIANTS)} (verl always included: the reference)",
+        default=None,
+        help=f"comma-separated subset of {','.join(VARIANTS)} (verl always included: the reference); default: "
+        "all, but for a workload that names its own",
     )
     ap.add_argument(
         "--break-zorro",
@@ -813,8 +931,8 @@ def main() -> None:
     unknown = set(args.workloads.split(",")) - set(WORKLOADS)
     if unknown:
         raise SystemExit(f"--workloads: unknown {sorted(unknown)}; known: {sorted(WORKLOADS)}")
-    unknown = set(args.variants) - set(VARIANTS)
-    if unknown or "verl" not in args.variants:
+    unknown = set(args.variants or VARIANTS) - set(VARIANTS)
+    if unknown or "verl" not in (args.variants or VARIANTS):
         raise SystemExit(f"--variants {','.join(args.variants)}: expected verl and any of {','.join(VARIANTS)}")
     args.out.mkdir(parents=True, exist_ok=True)
     cuda = args.device == "cuda"

@@ -156,11 +156,14 @@ def flops(model_name: str, P: int, R: int, G: int) -> dict:
     naive = naive_tok * (linear_tok + head_tok) + G * causal(P + R) * attn_pair
     zorro = zorro_tok * linear_tok + G * R * head_tok + (causal(P) + G * (R * P + causal(R))) * attn_pair
     zorro_head_all = zorro + P * head_tok  # if ZoRRo also ran the head over prompt tokens
+    # the padded batch with the LM head over response positions only (arctic-rl's engine without ZoRRo)
+    naive_response_head = naive - G * P * head_tok
     return {
         "naive": 3 * naive,
         "zorro": 3 * zorro,
         "limit": naive / zorro,
         "limit_head_all": naive / zorro_head_all,
+        "limit_response_head": naive_response_head / zorro,
         "linear_limit": naive_tok / zorro_tok,
         "attn_limit": (G * causal(P + R)) / (causal(P) + G * (R * P + causal(R))),
     }

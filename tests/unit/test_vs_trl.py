@@ -34,7 +34,7 @@ def sides(request, tmp_path_factory, trl_importable):
 
 
 def _read_back(w, args):
-    return vs_trl.trl_workload(args, w.model, w.dtype, w.max_prompt_length, w.stop, w.recipe_options)
+    return vs_trl.trl_workload(args, w.model, w.dtype, w.max_prompt_length, w.stop, w.recipe_options, w.sampler_dtype)
 
 
 def test_both_sides_read_back_the_same_workload(sides):
@@ -52,14 +52,47 @@ def test_both_sides_read_back_the_same_workload(sides):
     )
 
 
-def test_trls_continuous_batching_mode_runs_the_same_workload(sides, tmp_path):
+def test_trl_generates_with_vllm_in_arctic_rls_sampler_dtype_and_keeps_fp32_master_weights(sides):
+    cfg, w, args = sides
+    from arctic_rl.config import sampler_dtype
+
+    assert args.use_vllm and args.vllm_mode == "colocate" and not args.use_transformers_continuous_batching
+    assert not args.vllm_importance_sampling_correction  # the demo config sets no rollout_is
+    assert (w.generation, w.master_weights) == ("vllm", "float32")
+    assert w.sampler_dtype == sampler_dtype(cfg.client_config())
+    assert args.vllm_max_model_length == cfg.client_config().vllm_config.max_seq_len
+
+
+@pytest.mark.parametrize("mode", ["continuous-batching", "generate"])
+def test_trls_earlier_generation_modes_are_named_as_different(sides, tmp_path, mode):
+    """TRL's continuous batching casts its model to bf16 and trains it so (no fp32 master copy): the settings
+    check sees it in master_weights, and only the generation fields may differ in those modes."""
     _, w, _ = sides
-    args = vs_trl.trl_config(w, tmp_path, "continuous-batching")
-    assert (
-        args.use_transformers_continuous_batching
-        and not vs_trl.trl_config(w, tmp_path).use_transformers_continuous_batching
-    )
-    assert vs_trl.differences(w, _read_back(w, args)) == []
+    args = vs_trl.trl_config(w, tmp_path, mode)
+    assert not args.use_vllm and args.use_transformers_continuous_batching == (mode == "continuous-batching")
+    tw = _read_back(w, args)
+    named = {d.split(":")[0] for d in vs_trl.differences(w, tw)}
+    assert "generation" in named and named <= set(vs_trl.GENERATION_FIELDS)
+    assert ("master_weights" in named) == (mode == "continuous-batching")
+    with pytest.raises(SystemExit, match="generation"):
+        vs_trl.check_same(w, tw)
+    assert vs_trl.check_same(w, tw, allowed=vs_trl.GENERATION_FIELDS)  # allowed, and returned to be reported
+
+
+def test_trls_vllm_shims_give_its_llm_the_sampler_dtype_and_arctic_rls_reload(trl_importable):
+    import functools
+
+    from trl.generation import vllm_generation
+
+    llm, sync = vllm_generation.LLM, vllm_generation.VLLMGeneration.sync_weights
+    try:
+        vs_trl.install_trl_vllm_shims("bfloat16")
+        vs_trl.install_trl_vllm_shims("bfloat16")  # idempotent: one partial
+        assert isinstance(vllm_generation.LLM, functools.partial) and vllm_generation.LLM.func is llm
+        assert vllm_generation.LLM.keywords == {"dtype": "bfloat16"}
+        assert vllm_generation.VLLMGeneration.sync_weights is vs_trl.trl_vllm_sync
+    finally:
+        vllm_generation.LLM, vllm_generation.VLLMGeneration.sync_weights = llm, sync
 
 
 def test_full_workload_is_the_cpu_demo_without_warm_up(sides):
@@ -82,6 +115,8 @@ def test_full_workload_is_the_cpu_demo_without_warm_up(sides):
         ("epsilon_high", 0.2, "clip_high"),
         ("loss_type", "grpo", "loss_agg"),
         ("lr_scheduler_type", "linear", "lr_schedule"),
+        ("vllm_importance_sampling_correction", True, "rollout_correction"),
+        ("use_vllm", False, "generation"),
     ],
 )
 def test_a_setting_changed_on_the_trl_side_is_named(sides, field, value, named):

@@ -37,3 +37,37 @@ def test_equal_gradients_check_passes_and_fails_when_zorro_is_broken(tmp_path):
     assert "FAILED" in broken_out and "nothing timed" in broken_out
     assert _row(broken_out, "arctic+zorro")[-1] == "NO"
     assert _row(broken_out, "verl")[-1] == "yes"
+
+
+def test_prefix_grouper_shim_runs_the_unpadded_prefix_call_causal_without_a_mask():
+    """flash_mask_sdpa (the shim that lets PrefixGrouper's flash-attn-style calls reach SDPA): its prefix call with
+    nothing padded goes to SDPA with no mask (causal, as flash-attn runs it: the masked half skipped) and equals
+    the explicit causal mask; a padded call still takes the 4-D mask (bottom-right causal over valid keys)."""
+    import torch
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    import vs_verl
+
+    seen = []
+
+    def spy(module, q, k, v, mask, *a, **kw):
+        seen.append(mask)
+        return sdpa_attention_forward(module, q, k, v, mask, *a, **kw)
+
+    class Layer(torch.nn.Module):
+        is_causal = True
+        num_key_value_groups = 1
+
+    attention, layer = vs_verl.flash_mask_sdpa(spy), Layer()
+    q, k, v = (torch.randn(2, 4, 37, 16, generator=torch.Generator().manual_seed(i)) for i in range(3))
+    out, _ = attention(layer, q, k, v, torch.ones(2, 37, dtype=torch.long))
+    assert seen[-1] is None
+    causal = torch.ones(37, 37, dtype=torch.bool).tril()[None, None].expand(2, 1, 37, 37)
+    ref, _ = sdpa_attention_forward(layer, q, k, v, causal)
+    torch.testing.assert_close(out, ref)
+    padded = torch.ones(2, 37, dtype=torch.long)
+    padded[0, :5] = 0  # a shorter prompt, left-padded
+    attention(layer, q, k, v, padded)
+    assert seen[-1] is not None and seen[-1].shape == (2, 1, 37, 37)
+    assert not seen[-1][0, 0, :, :5].any()  # no query sees the padding
