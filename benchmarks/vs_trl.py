@@ -688,38 +688,35 @@ def run_side(args, cfg, w: Workload, side: str, result_path: Path) -> None:
 
 def spawn_side(side: str, rep: int, result_path: Path) -> SideResult:
     """Runs one side in a fresh Python process (no import, thread pool, Ray session or allocator state of the
-    other side). After it exits no process it started may remain (the arctic-rl side's embedded Ray cluster,
-    whose processes name its temp folder, arctic_rl.local_ray): any that do are killed and the run stops, since
-    the next side would share the cores with them."""
+    other side), in a session of its own. After it exits no process of that session may remain (the arctic-rl
+    side's embedded Ray cluster starts in it): any that do are killed and the run stops, since the next side would
+    share the cores with them. Processes of other sessions (another Ray cluster of this user) are not touched."""
     import signal
     import subprocess
 
-    from arctic_rl.local_ray import ray_temp_root
-
-    marker = str(ray_temp_root() / "local")
-    before = set(_pids_naming(marker))  # another user of the folder (a test run) is not ours to judge
     print(f"\n== {side} (repetition {rep + 1}, fresh process) ==", flush=True)
     cmd = [sys.executable, __file__, *sys.argv[1:], "--side-worker", side, "--result", str(result_path)]
-    subprocess.run(cmd, check=True)
+    child = subprocess.Popen(cmd, start_new_session=True)
+    if child.wait():
+        raise SystemExit(f"{side}: its process exited with {child.returncode}")
     time.sleep(2)  # Ray's processes end a moment after the driver
-    left = sorted(set(_pids_naming(marker)) - before)
+    left = _session_pids(child.pid)
     for pid in left:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
     if left:
-        raise SystemExit(f"{side}: {len(left)} processes of its Ray cluster outlived it (killed): {left}")
+        raise SystemExit(f"{side}: {len(left)} processes of its session outlived it (killed): {left}")
     return SideResult(**json.loads(result_path.read_text()))
 
 
-def _pids_naming(text: str) -> list[int]:
+def _session_pids(sid: int) -> list[int]:
+    """The processes of session `sid` (a session's id is its leader's pid)."""
     out = []
     for proc in Path("/proc").iterdir():
         if proc.name.isdigit():
-            try:
-                if text in (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace"):
+            with contextlib.suppress(OSError):
+                if os.getsid(int(proc.name)) == sid:
                     out.append(int(proc.name))
-            except OSError:
-                continue
     return out
 
 

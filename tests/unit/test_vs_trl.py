@@ -146,3 +146,24 @@ def test_trl_data_is_the_loops_prompts_in_the_loops_order(sides):
         assert tok(r["prompt"])["input_ids"] == prompt_ids(tok, examples[r["idx"]])
     stops = vs_trl.stop_token_ids(tok, w.stop)
     assert stops and all("```" in tok.decode([i]) for i in stops)
+
+
+def test_a_sides_leftover_processes_are_found_by_its_session_and_no_others():
+    """spawn_side runs a side in a session of its own and then kills what is left of that session (the arctic-rl
+    side's Ray cluster): a process the side left behind is found, a process of another session is not (a first
+    version matched Ray's temp folder by name and killed a concurrent `make demo`'s cluster)."""
+    import subprocess
+    import time
+
+    side = subprocess.Popen(["sh", "-c", "sleep 60 & exit 0"], start_new_session=True)
+    other = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    try:
+        side.wait()
+        time.sleep(0.2)
+        left = vs_trl._session_pids(side.pid)
+        assert len(left) == 1 and other.pid not in left
+        assert vs_trl._session_pids(other.pid) == [other.pid]
+    finally:
+        for pid in vs_trl._session_pids(side.pid) + [other.pid]:
+            subprocess.run(["kill", "-9", str(pid)])
+        other.wait()
