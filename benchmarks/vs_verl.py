@@ -717,10 +717,6 @@ def peak_memory(args, folder: Path, spec: dict, names) -> dict[str, int]:
 # timing summaries
 
 
-def median(xs: list[float]) -> float:
-    return statistics.median(xs)
-
-
 def quartiles(xs: list[float]) -> tuple[float, float]:
     """The 25th and 75th percentiles (statistics.quantiles' inclusive method: within the data's range)."""
     if len(xs) < 2:
@@ -835,7 +831,8 @@ def run_workload(args, name: str, report: Report | None) -> bool:
             sync()
             wall[v.name].append(time.perf_counter() - t0)
             cpu[v.name].append(time.process_time() - c0)
-    med, med_cpu = {v: median(t) for v, t in wall.items()}, {v: median(t) for v, t in cpu.items()}
+    med = {v: statistics.median(t) for v, t in wall.items()}
+    med_cpu = {v: statistics.median(t) for v, t in cpu.items()}
     if not args.no_mlflow:
         log_mlflow(name, model, P, R, G, args.device, {v: [warm[v], *wall[v]] for v in vs})
     names = list(vs)
