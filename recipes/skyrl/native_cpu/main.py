@@ -1,0 +1,40 @@
+"""`python -m recipes.skyrl.native` (native SkyRL: its FSDP2 workers, vLLM engines, SkyRLGymGenerator) on CPU.
+
+Same entrypoint and overrides. The CPU patches (cpu_shims.py) reach every process through stubs/sitecustomize.py
+(run.sh puts stubs/ on PYTHONPATH and sets SKYRL_NATIVE_CPU_SHIMS=1); this module only adds logical GPUs to the
+private Ray that skyrl_train/utils/utils.py:674 (`initialize_ray`: `ray.init(runtime_env=...)`) starts.
+"""
+
+from __future__ import annotations
+
+import os
+
+import ray
+
+from recipes.skyrl.native_cpu import cpu_shims
+
+cpu_shims.apply()
+_ray_init = ray.init
+
+
+def _init(*args, **kwargs):
+    if os.environ.get("RAY_ADDRESS") == "local":
+        # A private Ray (it ends with this driver) with logical GPUs: SkyRL asks Ray for "GPU" resources in every
+        # placement group and actor (entrypoints/main_base.py:181, inference_engines/ray_wrapped_inference_engine.py:130,
+        # workers/worker.py:396-471, utils/utils.py:697); on a machine without GPUs they would never be scheduled.
+        # Logical CPUs above the 2 real cores for the same reason (one CPU per bundle / actor).
+        kwargs.setdefault("num_gpus", int(os.environ.get("SKYRL_CPU_FAKE_GPUS", "3")))
+        kwargs.setdefault("num_cpus", int(os.environ.get("SKYRL_CPU_LOGICAL_CPUS", "8")))
+        kwargs.setdefault("include_dashboard", False)
+        kwargs.setdefault("object_store_memory", 512 * 1024**2)
+        if os.environ.get("SKYRL_CPU_RAY_TMP"):
+            kwargs.setdefault("_temp_dir", os.environ["SKYRL_CPU_RAY_TMP"])
+    return _ray_init(*args, **kwargs)
+
+
+ray.init = _init
+
+if __name__ == "__main__":
+    from recipes.skyrl.native import main
+
+    main()

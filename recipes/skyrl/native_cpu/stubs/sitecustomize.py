@@ -1,0 +1,47 @@
+"""With SKYRL_NATIVE_CPU_SHIMS=1 (recipes/skyrl/native_cpu/run.sh): apply recipes/skyrl/native_cpu/cpu_shims.py in
+every Python process of a native-SkyRL CPU run, right after `torch` (cpu_shims.patch_torch) and
+`skyrl_train.distributed.fsdp_utils` (cpu_shims.patch_fsdp_utils) finish importing. Python imports sitecustomize
+from sys.path at start-up, so this reaches processes nothing else can patch: vLLM's spawned EngineCore, where
+skyrl_train/weight_sync/broadcast_strategy.py:187 allocates the received weights with device="cuda"."""
+
+import os
+import sys
+
+if os.environ.get("SKYRL_NATIVE_CPU_SHIMS") == "1":
+    import importlib.abc
+
+    def _after_torch(module):
+        from recipes.skyrl.native_cpu import cpu_shims
+
+        cpu_shims.patch_torch()
+
+    def _after_fsdp_utils(module):
+        from recipes.skyrl.native_cpu import cpu_shims
+
+        cpu_shims.patch_fsdp_utils(module)
+
+    _HOOKS = {"torch": _after_torch, "skyrl_train.distributed.fsdp_utils": _after_fsdp_utils}
+
+    class _PostImportFinder(importlib.abc.MetaPathFinder):
+        def find_spec(self, name, path, target=None):
+            hook = _HOOKS.pop(name, None)
+            if hook is None:
+                return None
+            for finder in sys.meta_path:
+                if finder is self or not hasattr(finder, "find_spec"):
+                    continue
+                spec = finder.find_spec(name, path, target)
+                if spec is not None:
+                    break
+            else:
+                return None
+            exec_module = spec.loader.exec_module
+
+            def exec_then_patch(module, _exec=exec_module, _hook=hook):
+                _exec(module)
+                _hook(module)
+
+            spec.loader.exec_module = exec_then_patch
+            return spec
+
+    sys.meta_path.insert(0, _PostImportFinder())

