@@ -83,6 +83,7 @@ from zorro_train import MODELS, _status_bytes, flops
 # verl (and prefix_grouper beside it) and its trainer deps live --no-deps beside the venv (scripts/setup_env.sh)
 VENV = Path(sys.executable).parent.parent
 VERL_DIRS = ("verl-trainer", "verl-ref")
+ROOT = Path(__file__).resolve().parents[1]  # for recipes.verl.native's CPU platform
 
 VARIANTS = ("verl", "verl+fused", "verl+pg", "arctic", "arctic+zorro")
 LEFT_OUT = next(p for p in __doc__.split("\n\n") if p.startswith("What of verl does not run here"))
@@ -223,75 +224,6 @@ def check_batch(folder: Path, vocab: int, P: int, R: int, groups: int = 3, per_g
 # verl
 
 
-def _cpu_platform():
-    """verl's platform plugin API with device "cpu" (verl 0.9.1 ships CUDA, ROCm and NPU platforms only)."""
-    from verl.plugin.platform import PlatformBase
-
-    class PlatformCPU(PlatformBase):
-        device_name = "cpu"
-        vendor_name = "cpu"
-        device_module = torch.cpu
-
-        def is_available(self) -> bool:
-            return True
-
-        def current_device(self):  # verl moves batches with .to(current_device())
-            return "cpu"
-
-        def device_count(self) -> int:
-            return 1
-
-        def set_device(self, device_index) -> None:
-            pass
-
-        def synchronize(self, device_index=None) -> None:
-            pass
-
-        def manual_seed(self, seed: int) -> None:
-            torch.manual_seed(seed)
-
-        manual_seed_all = manual_seed
-
-        def set_allocator_settings(self, settings: str) -> None:
-            pass
-
-        def empty_cache(self) -> None:
-            pass
-
-        def get_device_capability(self, device_index: int = 0):
-            return None, None
-
-        def communication_backend_name(self) -> str:
-            return "gloo"
-
-        def visible_devices_envvar(self) -> str:
-            return "CUDA_VISIBLE_DEVICES"
-
-        @contextlib.contextmanager
-        def nvtx_range(self, msg: str):
-            yield
-
-        def profiler_start(self) -> None:
-            pass
-
-        def profiler_stop(self) -> None:
-            pass
-
-        def ray_resource_name(self) -> str:
-            return "CPU"
-
-        def ray_noset_envvars(self) -> list[str]:
-            return []
-
-        def is_ipc_supported(self) -> bool:
-            return False
-
-        def cudart(self):
-            return None
-
-    return PlatformCPU()
-
-
 def init_process_group(device: str) -> None:
     """One rank for verl's FSDP2 and arctic-rl's DeepSpeed (DeepSpeed's init_distributed reuses it)."""
     import torch.distributed as dist
@@ -310,7 +242,11 @@ def init_process_group(device: str) -> None:
     if device == "cpu":
         from verl.plugin.platform import set_platform
 
-        set_platform(_cpu_platform())  # before verl's engine module reads the device name at import
+        if str(ROOT) not in sys.path:
+            sys.path.insert(0, str(ROOT))
+        from recipes.verl.native.cpu_platform import PlatformCPU
+
+        set_platform(PlatformCPU())  # before verl's engine module reads the device name at import
     else:
         torch.cuda.set_device(0)
     dist.init_process_group("nccl" if device == "cuda" else "gloo")

@@ -135,12 +135,12 @@ class PlatformCPU(PlatformBase):
 def _one_cpu_backend(init_process_group):
     """torch.distributed.init_process_group with a repeated "cpu:gloo" dropped (see verl/utils/distributed.py:89)."""
 
-    def init(*args, backend=None, **kwargs):
+    def init(backend=None, *args, **kwargs):
         if isinstance(backend, str) and "," in backend:
             backend = ",".join(dict.fromkeys(backend.split(",")))
             if backend == "cpu:gloo":
                 backend = "gloo"
-        return init_process_group(*args, backend=backend, **kwargs)
+        return init_process_group(backend, *args, **kwargs)
 
     init._arctic_rl_one_cpu_backend = True  # type: ignore[attr-defined]
     return init
