@@ -24,21 +24,10 @@ export MLFLOW_RUN_CONTEXT=${MLFLOW_RUN_CONTEXT:-'{"framework": "verl", "backend"
 [ -f "$VERL_DATA/train.parquet" ] || PYTHONPATH=$ROOT "$PYTHON" -m recipes.verl.gsm8k --out "$VERL_DATA"
 RAY_INIT=()
 [ -n "${RAY_ADDRESS:-}" ] || RAY_INIT=(+ray_kwargs.ray_init.num_cpus=8 +ray_kwargs.ray_init.address=local)
-exec "$PYTHON" -m recipes.verl.native.run \
-  data.train_files="$VERL_DATA/train.parquet" data.val_files="$VERL_DATA/test.parquet" \
-  data.train_batch_size=2 data.max_prompt_length=256 data.max_response_length=16 data.dataloader_num_workers=0 \
-  actor_rollout_ref.model.path="$MODEL" actor_rollout_ref.actor.optim.lr=1e-4 \
-  actor_rollout_ref.actor.ppo_mini_batch_size=2 actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4 \
-  actor_rollout_ref.actor.use_kl_loss=True actor_rollout_ref.actor.kl_loss_coef=0.001 \
-  actor_rollout_ref.rollout.n=4 actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=4 \
-  actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=4 \
+source recipes/verl/tiny_args.sh
+exec "$PYTHON" -m recipes.verl.native.run "${TINY_ARGS[@]}" \
   actor_rollout_ref.actor.strategy=fsdp2 actor_rollout_ref.model.use_remove_padding=False \
   +actor_rollout_ref.model.override_config.attn_implementation=sdpa \
   actor_rollout_ref.rollout.name=vllm actor_rollout_ref.rollout.tensor_model_parallel_size=1 \
   +actor_rollout_ref.rollout.enable_sleep_mode=False actor_rollout_ref.rollout.free_cache_engine=False \
-  algorithm.adv_estimator=grpo reward.num_workers=1 \
-  trainer.use_v1=False trainer.device=cpu trainer.n_gpus_per_node=1 trainer.nnodes=1 \
-  trainer.total_training_steps=2 trainer.val_before_train=False trainer.test_freq=-1 trainer.save_freq=-1 \
-  trainer.default_local_dir="$VERL_OUT/checkpoints" \
-  trainer.logger='[console,mlflow]' trainer.project_name=gsm8k trainer.experiment_name=verl-native-tiny \
-  "${RAY_INIT[@]}" "$@"
+  trainer.experiment_name=verl-native-tiny "${RAY_INIT[@]}" "$@"
