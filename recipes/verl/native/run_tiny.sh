@@ -19,9 +19,9 @@ VERL_OUT=$(realpath -m "${VERL_OUT:-runs/verl-native}")
 mkdir -p "$VERL_OUT"
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 export MLFLOW_TRACKING_URI=${MLFLOW_TRACKING_URI:-sqlite:///$VERL_OUT/mlflow.db} VERL_NATIVE_STATE=$VERL_OUT
-# The tags `arctic-rl compare` groups by (verl's MLflow logger opens the run in a Ray actor that inherits them)
-export MLFLOW_RUN_CONTEXT=${MLFLOW_RUN_CONTEXT:-'{"framework": "verl", "backend": "native", "recipe": "gsm8k"}'}
 [ -f "$VERL_DATA/train.parquet" ] || PYTHONPATH=$ROOT "$PYTHON" -m recipes.verl.gsm8k --out "$VERL_DATA"
+# Inside a job (jobs/bootstrap.py, RAY_ADDRESS set) verl joins the job's Ray, started with fake GPU slots
+# (--ray-args "--num-gpus=1 ..."); otherwise a private one (recipes/verl/native/run.py adds the slots).
 RAY_INIT=()
 [ -n "${RAY_ADDRESS:-}" ] || RAY_INIT=(+ray_kwargs.ray_init.num_cpus=8 +ray_kwargs.ray_init.address=local)
 source recipes/verl/tiny_args.sh

@@ -1,0 +1,74 @@
+"""recipes/verl/native/run.py: what native verl's driver hands verl, read back by Hydra's own override parser.
+
+In a job (jobs/bootstrap.py, RAY_ADDRESS set) verl's workers start from their raylet's environment, not the
+driver's: the stand-in variables and the MLflow tags reach them only through the runtime_env overrides, and a
+quoting slip there drops them (the MLflow run context is JSON, PYTHONPATH a colon list)."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+# verl and its Hydra are installed beside the main environment (scripts/setup_env.sh), as verl's tests here use them
+for folder in ("verl-ref", "verl-trainer"):
+    path = Path(sys.executable).parent.parent / folder
+    if path.is_dir() and str(path) not in sys.path:
+        sys.path.append(str(path))
+
+from hydra.core.override_parser.overrides_parser import OverridesParser  # noqa: E402
+
+from recipes.verl.native import run  # noqa: E402
+
+ENV_KEY = "ray_kwargs.ray_init.runtime_env.env_vars."
+
+
+@pytest.fixture
+def clean_env(monkeypatch: pytest.MonkeyPatch, tmp_path):
+    for var in (*run.WORKER_ENV, "RAY_ADDRESS", "ARCTIC_RL_RECIPE", "ARCTIC_RL_NODES", "SLURM_JOB_ID"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("VERL_NATIVE_STATE", str(tmp_path))
+    monkeypatch.setattr(run.sys, "path", list(run.sys.path))
+    return monkeypatch
+
+
+def parsed(args: list[str]) -> dict[str, object]:
+    return {o.key_or_group: o.value() for o in OverridesParser.create().parse_overrides(args)}
+
+
+ARGV = [
+    "trainer.nnodes=2",
+    "trainer.n_gpus_per_node=1",
+    "trainer.project_name=gsm8k",
+    "actor_rollout_ref.model.path=/m",
+]
+
+
+def test_in_a_job_the_workers_get_the_stand_ins_and_tags_and_no_ray_of_their_own(clean_env) -> None:
+    clean_env.setenv("RAY_ADDRESS", "10.0.0.1:6379")
+    clean_env.setenv("SLURM_JOB_ID", "42")
+    clean_env.setenv("MLFLOW_TRACKING_URI", "sqlite:////runs/mlflow.db")
+    values = parsed(run.prepare(list(ARGV)))
+    worker = {k.removeprefix(ENV_KEY): v for k, v in values.items() if k.startswith(ENV_KEY)}
+    assert worker["VERL_USE_EXTERNAL_MODULES"] == os.environ["VERL_USE_EXTERNAL_MODULES"]
+    assert worker["VERL_PLATFORM"] == "cpu" and worker["VERL_ENGINE_DEVICE"] == "cuda"
+    assert worker["PYTHONPATH"] == os.environ["PYTHONPATH"] and ":" in worker["PYTHONPATH"]
+    assert worker["MLFLOW_TRACKING_URI"] == "sqlite:////runs/mlflow.db"
+    tags = json.loads(worker["MLFLOW_RUN_CONTEXT"])
+    assert tags["framework"] == "verl" and tags["backend"] == "native"
+    assert tags["recipe"] == "gsm8k" and tags["model"] == "/m" and tags["slurm_job_id"] == "42"
+    # The job's Ray brings the fake GPU slots (--ray-args "--num-gpus=1"); ray.init may not ask for any.
+    assert "ray_kwargs.ray_init.num_gpus" not in values
+
+
+def test_without_a_job_ray_gets_one_fake_gpu_per_rank(clean_env) -> None:
+    values = parsed(run.prepare(list(ARGV)))
+    assert values["ray_kwargs.ray_init.num_gpus"] == 2
+
+
+def test_a_value_hydra_cannot_carry_is_refused_by_name() -> None:
+    with pytest.raises(ValueError, match="MLFLOW_TRACKING_URI="):
+        run.runtime_env_args({"MLFLOW_TRACKING_URI": "sqlite:///it's.db"})
