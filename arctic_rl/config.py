@@ -457,6 +457,16 @@ class ArcticRLClientConfig(Strict):
     def num_sampling_replicas(self) -> int:
         return self.sampling_gpus // self.vllm_config.tensor_parallel_size
 
+    @property
+    def gpu_count(self) -> int:
+        """The GPUs the deployment occupies, as arctic_rl/server/placement.py lays them out: colocated engines
+        share one pool of max(training, sampling) GPUs, split ones a pool each; a reference with GPUs of its
+        own adds its pool. The `gpus` tag `arctic-rl compare` matches setups by."""
+        pooled = (
+            max(self.training_gpus, self.sampling_gpus) if self.colocate else self.training_gpus + self.sampling_gpus
+        )
+        return pooled + self.reference_gpus
+
     def to_json(self) -> str:
         return self.model_dump_json()
 

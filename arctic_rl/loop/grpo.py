@@ -388,9 +388,7 @@ def run(
     ckpt_root.mkdir(parents=True, exist_ok=True)
     resume = resume_path(cfg)
     state = load_checkpoint(client, resume) if resume else LoopState()
-    num_gpus = client.config.training_gpus + (
-        0 if client.config.colocate else client.config.sampling_gpus + client.config.reference_gpus
-    )
+    num_gpus = client.config.gpu_count
     tracker = open_tracker(cfg, state.run_id, None if state.run_id else run_setup(cfg, client, num_gpus))
     state.run_id = tracker.run_id
     placement = tracking.placement_tags(client.health())

@@ -60,11 +60,18 @@ def apply_arctic_defaults(config) -> None:
 
 def set_mlflow_run_context(config, backend: str = "arctic-rl", placement: dict | None = None) -> dict[str, str]:
     """The standard run tags (arctic_rl.tracking) for a verl run, put where verl's MLflow logger applies them;
-    `placement`: arctic_rl.tracking.placement_tags of the deployment (where its engines run)."""
-    from arctic_rl.tracking import FRAMEWORK_VERL, set_run_context
+    `placement`: arctic_rl.tracking.placement_tags of the deployment (where its engines run). The GPU count is
+    arctic-rl's deployment's (verl's trainer.nnodes x n_gpus_per_node sizes its one-process client group here),
+    unless a job launcher set it (ARCTIC_RL_GPUS)."""
+    from arctic_rl.tracking import ENV_DEFAULT_TAGS, FRAMEWORK_VERL, TAG_GPUS, set_run_context
+    from recipes.verl.worker import client_config_from_verl
 
+    extra = dict(placement or {})
+    gpus_env = next(env for env, tag in ENV_DEFAULT_TAGS.items() if tag == TAG_GPUS)
+    if not os.environ.get(gpus_env):
+        extra[TAG_GPUS] = str(client_config_from_verl(config.actor_rollout_ref).gpu_count)
     return set_run_context(
-        FRAMEWORK_VERL, backend, str(config.trainer.project_name), str(config.actor_rollout_ref.model.path), placement
+        FRAMEWORK_VERL, backend, str(config.trainer.project_name), str(config.actor_rollout_ref.model.path), extra
     )
 
 

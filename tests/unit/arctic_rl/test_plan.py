@@ -37,6 +37,25 @@ def test_layout_is_the_controllers():
     assert split.pools == {"training": 4, "sampling": 4, "reference": 2} and split.references[1].pool == "reference"
 
 
+@pytest.mark.parametrize(
+    "update",
+    [
+        {},
+        {"sampling_gpus": 4},
+        {"training_gpus": 4},
+        {"colocate": False},
+        {"reference_gpus": 2},
+        {"colocate": False, "sampling_gpus": 3, "reference_gpus": 1},
+    ],
+)
+def test_gpu_count_is_the_layouts(update):
+    """The `gpus` tag runs are matched by (ArcticRLClientConfig.gpu_count) counts the GPUs the controller lays
+    out: the loop counted only the trainer's when colocated, so a run sampling on more GPUs than it trains on
+    was tagged with fewer than it held."""
+    cfg = ArcticRLClientConfig(model_name="unused", training_gpus=2, sampling_gpus=2).model_copy(update=update)
+    assert cfg.gpu_count == sum(placement.gpu_layout(cfg).pools.values())
+
+
 @pytest.mark.parametrize("path", [BIRD, LONGQA], ids=["text2sql", "longqa"])
 def test_4x8_configs_place_and_count(path):
     run = load_run_config(path)

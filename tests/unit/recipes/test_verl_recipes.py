@@ -4,6 +4,7 @@ rows round-trip through parquet, and verl's compute_score signature scores a rig
 from __future__ import annotations
 
 import json
+import os
 
 import pandas as pd
 import pytest
@@ -109,8 +110,8 @@ def test_launch_scripts_compose_with_verl(recipe, monkeypatch):
     assert client.training_config.optimizer.lr == 1e-6
 
 
-def _verl_actor_rollout_ref(overrides):
-    """verl's own composed `actor_rollout_ref` (its ppo_trainer config) with Hydra overrides."""
+def _verl_config(overrides):
+    """verl's own composed ppo_trainer config with Hydra overrides."""
     import sys
     from pathlib import Path
 
@@ -123,8 +124,40 @@ def _verl_actor_rollout_ref(overrides):
     from recipes.verl.main import VERL_CONFIG_DIR
 
     with initialize_config_dir(config_dir=VERL_CONFIG_DIR, version_base=None):
-        cfg = compose(config_name="ppo_trainer", overrides=["actor_rollout_ref.model.path=tiny", *overrides])
-    return cfg.actor_rollout_ref
+        return compose(config_name="ppo_trainer", overrides=["actor_rollout_ref.model.path=tiny", *overrides])
+
+
+def _verl_actor_rollout_ref(overrides):
+    """verl's own composed `actor_rollout_ref` (its ppo_trainer config) with Hydra overrides."""
+    return _verl_config(overrides).actor_rollout_ref
+
+
+def test_verl_on_arctic_run_is_tagged_with_arctics_gpus(monkeypatch):
+    """`arctic-rl compare` matches a verl + arctic-rl run with native verl by the `gpus` tag. verl's
+    trainer.nnodes x n_gpus_per_node sizes verl's one-process client group there, not the GPUs arctic-rl's
+    engines hold: a 2-node run with training_gpus=2 was tagged gpus=1 and refused beside native verl's 2."""
+    import json
+
+    from recipes.verl.main import set_mlflow_run_context
+
+    for var in ("MLFLOW_RUN_CONTEXT", "ARCTIC_RL_GPUS", "ARCTIC_RL_NODES", "ARCTIC_RL_RECIPE", "SLURM_JOB_ID"):
+        monkeypatch.delenv(var, raising=False)
+    cfg = _verl_config(
+        [
+            "trainer.nnodes=1",
+            "trainer.n_gpus_per_node=1",
+            "+actor_rollout_ref.arctic.training_gpus=2",
+            "+actor_rollout_ref.arctic.sampling_gpus=2",
+        ]
+    )
+    set_mlflow_run_context(cfg)
+    tags = json.loads(os.environ["MLFLOW_RUN_CONTEXT"])
+    assert tags["gpus"] == "2" and tags["framework"] == "verl" and tags["backend"] == "arctic-rl"
+    # A job launcher's count (jobs/bootstrap.py: --gpus-per-node x nodes) wins
+    monkeypatch.delenv("MLFLOW_RUN_CONTEXT")
+    monkeypatch.setenv("ARCTIC_RL_GPUS", "8")
+    set_mlflow_run_context(cfg)
+    assert json.loads(os.environ["MLFLOW_RUN_CONTEXT"])["gpus"] == "8"
 
 
 def test_verl_optimizer_settings_reach_the_client_config():
