@@ -63,10 +63,11 @@ $PIP "torch==2.13.0"
 # extras it never imports on this path (wandb, s3fs, tensorboard, debugpy, hf_transfer): --no-deps for
 # skyrl-train itself, its imports listed here. transformers as in .venv (5.19; skyrl-train asks >=4.51), so a
 # model or tokenizer saved by either environment loads in both. The arctic-rl client needs httpx, pydantic,
-# safetensors.
+# safetensors. MLflow as in .venv (pyproject.toml): a store one MLflow version upgraded is refused by an older one
+# ("out-of-date database schema"), and `arctic-rl compare` reads SkyRL's runs beside arctic-rl's in one store.
 $PIP "ray==2.51.1" "transformers==5.19.0" "hydra-core==1.3.2" omegaconf loguru tqdm jaxtyping \
   "tensordict" "datasets==4.0.0" torchdata peft accelerate func_timeout polars fastapi uvicorn pybind11 \
-  mlflow-skinny sqlalchemy alembic httpx "pydantic>=2" safetensors pyyaml sqlglot pytest
+  "mlflow-skinny==3.17.2" sqlalchemy alembic httpx "pydantic>=2" safetensors pyyaml sqlglot pytest
 $PIP --no-deps "skyrl-train==0.3.1" "skyrl-gym==0.3.0"
 echo "$want" > "$STAMP"
 echo "[setup-skyrl] done: $($VENV/bin/python -c 'import sys, torch, ray, skyrl_train, transformers; print("python", sys.version.split()[0], "torch", torch.__version__, "ray", ray.__version__, "transformers", transformers.__version__)')"

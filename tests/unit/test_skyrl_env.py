@@ -27,3 +27,16 @@ def test_present_skyrl_env_is_returned(tmp_path, monkeypatch):
     monkeypatch.setenv(PYTHON_VAR, str(python))
     monkeypatch.setenv(REQUIRE_VAR, "1")
     assert skyrl_python() == python
+
+
+def test_skyrl_environments_pin_the_main_environments_mlflow():
+    """SkyRL's runs and arctic-rl's share one MLflow store for `arctic-rl compare`; a newer MLflow in a SkyRL
+    environment upgrades the store's schema and .venv's MLflow then refuses it ("out-of-date database schema")."""
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    (main,) = re.findall(r'"mlflow==([\d.]+)"', (root / "pyproject.toml").read_text())
+    for setup in ("scripts/setup_skyrl_env.sh", "recipes/skyrl/native_cpu/requirements.txt"):
+        pins = re.findall(r"mlflow-skinny==([\d.]+)", (root / setup).read_text())
+        assert pins == [main], f"{setup}: mlflow-skinny pins {pins}, pyproject.toml has mlflow=={main}"
