@@ -686,11 +686,15 @@ def run_side(args, cfg, w: Workload, side: str, result_path: Path) -> None:
     result_path.write_text(json.dumps(asdict(result)))
 
 
+SESSION_GRACE_S = 30.0
+
+
 def spawn_side(side: str, rep: int, result_path: Path) -> SideResult:
     """Runs one side in a fresh Python process (no import, thread pool, Ray session or allocator state of the
     other side), in a session of its own. After it exits no process of that session may remain (the arctic-rl
-    side's embedded Ray cluster starts in it): any that do are killed and the run stops, since the next side would
-    share the cores with them. Processes of other sessions (another Ray cluster of this user) are not touched."""
+    side's embedded Ray cluster starts in it), since the next side would share the cores with them: those still
+    there after SESSION_GRACE_S are killed. Processes of other sessions (another Ray cluster of this user) are not
+    touched."""
     import signal
     import subprocess
 
@@ -699,13 +703,19 @@ def spawn_side(side: str, rep: int, result_path: Path) -> SideResult:
     child = subprocess.Popen(cmd, start_new_session=True)
     if child.wait():
         raise SystemExit(f"{side}: its process exited with {child.returncode}")
-    time.sleep(2)  # Ray's processes end a moment after the driver
-    left = _session_pids(child.pid)
+    # Ray's processes (GCS, raylet, dashboard, workers) end some seconds after the driver: 2 s was too short
+    # for the first --quick run, whose leftovers were then killed and the run stopped.
+    deadline = time.monotonic() + SESSION_GRACE_S
+    while (left := _session_pids(child.pid)) and time.monotonic() < deadline:
+        time.sleep(1)
     for pid in left:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
     if left:
-        raise SystemExit(f"{side}: {len(left)} processes of its session outlived it (killed): {left}")
+        time.sleep(1)
+        if still := _session_pids(child.pid):
+            raise SystemExit(f"{side}: {len(still)} processes of its session survive SIGKILL: {still}")
+        print(f"{side}: {len(left)} processes of its session outlived it by {SESSION_GRACE_S:.0f} s (killed)")
     return SideResult(**json.loads(result_path.read_text()))
 
 
