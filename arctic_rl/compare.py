@@ -463,6 +463,9 @@ def write_png(rows: Sequence[GroupRow], path: Path) -> None:
             ax.legend(fontsize=8)
         ax_s.set_title(f"{group[0].recipe}: seconds (labels: arctic-rl speedup over native)", fontsize=9)
         ax_t.set_title(setup_label(group[0].setup), fontsize=8)
+        # Log scale: a phase of near-zero seconds (reward, adv) has tokens/s orders of magnitude above the others,
+        # which flattened every other bar to zero on a linear axis.
+        ax_t.set_yscale("log")
     save_figure(fig, path, dpi=110)
 
 

@@ -200,9 +200,16 @@ def check_script(script: str, argv: list[str], monkeypatch) -> None:
 
 
 def check_torchx(argv: list[str]) -> None:
+    from torchx.cli import argparse_util
     from torchx.cli.main import create_parser, get_sub_cmds
     from torchx.specs.builders import parse_args
 
+    # torchx's options that .torchxconfig can default remember what was given in a class attribute, once per
+    # process in its CLI: a second documented torchx command parsed here failed with "-s is specified more than
+    # once". Cleared, each command is parsed as a fresh `torchx` would.
+    for action in vars(argparse_util).values():
+        if isinstance(action, type) and isinstance(getattr(action, "called_args", None), set):
+            action.called_args.clear()
     try:
         args = create_parser(get_sub_cmds()).parse_args(argv)
     except SystemExit as e:
