@@ -10,6 +10,7 @@ import json
 import os
 import sys
 from pathlib import Path
+from unittest import mock
 
 import pytest
 
@@ -28,11 +29,15 @@ ENV_KEY = "ray_kwargs.ray_init.runtime_env.env_vars."
 
 @pytest.fixture
 def clean_env(monkeypatch: pytest.MonkeyPatch, tmp_path):
-    for var in (*run.WORKER_ENV, "RAY_ADDRESS", "ARCTIC_RL_RECIPE", "ARCTIC_RL_NODES", "SLURM_JOB_ID"):
-        monkeypatch.delenv(var, raising=False)
-    monkeypatch.setenv("VERL_NATIVE_STATE", str(tmp_path))
-    monkeypatch.setattr(run.sys, "path", list(run.sys.path))
-    return monkeypatch
+    # prepare() sets its variables in os.environ (VERL_ENGINE_DEVICE=cuda among them), and monkeypatch restores
+    # only what it set or deleted itself: a variable that was absent would stay set for every later test and its
+    # subprocesses (vs_verl's verl then asked for CUDA). patch.dict puts the whole environment back.
+    with mock.patch.dict(os.environ):
+        for var in (*run.WORKER_ENV, "RAY_ADDRESS", "ARCTIC_RL_RECIPE", "ARCTIC_RL_NODES", "SLURM_JOB_ID"):
+            os.environ.pop(var, None)
+        os.environ["VERL_NATIVE_STATE"] = str(tmp_path)
+        monkeypatch.setattr(run.sys, "path", list(run.sys.path))
+        yield monkeypatch
 
 
 def parsed(args: list[str]) -> dict[str, object]:
@@ -67,6 +72,16 @@ def test_in_a_job_the_workers_get_the_stand_ins_and_tags_and_no_ray_of_their_own
 def test_without_a_job_ray_gets_one_fake_gpu_per_rank(clean_env) -> None:
     values = parsed(run.prepare(list(ARGV)))
     assert values["ray_kwargs.ray_init.num_gpus"] == 2
+
+
+def test_prepare_leaves_no_variable_behind_for_later_tests() -> None:
+    """Runs after the two tests above (file order): nothing prepare() set in them is still set."""
+    leaked = {
+        v: os.environ[v]
+        for v in ("VERL_ENGINE_DEVICE", "VERL_PLATFORM", "VERL_USE_EXTERNAL_MODULES")
+        if v in os.environ
+    }
+    assert not leaked, leaked
 
 
 def test_a_value_hydra_cannot_carry_is_refused_by_name() -> None:
