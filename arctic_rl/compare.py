@@ -424,6 +424,9 @@ def write_csv(rows: Sequence[GroupRow], path: Path) -> None:
     tmp.replace(path)
 
 
+NO_TOKENS_TEXT = "no tokens per step logged by these runs: no tokens/s"
+
+
 def write_png(rows: Sequence[GroupRow], path: Path) -> None:
     """One row of panels per recipe and setup: median seconds and median tokens/s per phase, one colour
     per framework/backend, whiskers from the first to the third quartile."""
@@ -437,7 +440,10 @@ def write_png(rows: Sequence[GroupRow], path: Path) -> None:
     for (ax_s, ax_t), group in zip(axes, sets):
         phases = shown_phases(group)
         bar_w = 0.8 / len(group)
-        for ax, attr, unit in ((ax_s, "seconds", "s / step"), (ax_t, "tokens_per_s", "tokens / s")):
+        panels = [(ax_s, "seconds", "s / step")]
+        if any(r.tokens_per_s for r in group):
+            panels.append((ax_t, "tokens_per_s", "tokens / s"))
+        for ax, attr, unit in panels:
             for i, r in enumerate(group):
                 spreads = [getattr(r, attr).get(p) for p in phases]
                 xs = [j + i * bar_w for j in range(len(phases))]
@@ -463,9 +469,14 @@ def write_png(rows: Sequence[GroupRow], path: Path) -> None:
             ax.legend(fontsize=8)
         ax_s.set_title(f"{group[0].recipe}: seconds (labels: arctic-rl speedup over native)", fontsize=9)
         ax_t.set_title(setup_label(group[0].setup), fontsize=8)
-        # Log scale: a phase of near-zero seconds (reward, adv) has tokens/s orders of magnitude above the others,
-        # which flattened every other bar to zero on a linear axis.
-        ax_t.set_yscale("log")
+        if len(panels) == 1:  # e.g. SkyRL logs no tokens per step: say so rather than draw an empty log axis
+            ax_t.text(0.5, 0.5, NO_TOKENS_TEXT, ha="center", va="center", transform=ax_t.transAxes)
+            ax_t.set_xticks([])
+            ax_t.set_yticks([])
+        else:
+            # Log scale: a phase of near-zero seconds (reward, adv) has tokens/s orders of magnitude above the
+            # others, which flattened every other bar to zero on a linear axis.
+            ax_t.set_yscale("log")
     save_figure(fig, path, dpi=110)
 
 

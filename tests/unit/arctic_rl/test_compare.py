@@ -5,6 +5,7 @@ Tracker. The verl and SkyRL runs carry none of our tags: compare must recognise 
 params and metric names."""
 
 import csv
+import dataclasses
 import shutil
 import subprocess
 import sys
@@ -281,3 +282,22 @@ def test_the_loop_is_measured_against_trl_when_there_is_no_verl_or_skyrl_run() -
     assert (loop.framework, trl.label) == (FRAMEWORK_ARCTIC, "trl (native)")
     assert compare.baseline_for(loop, [loop, trl]) is trl
     assert compare.speedups(loop, trl)["step"] == 4.0
+
+
+def test_png_says_when_no_run_logged_tokens(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """SkyRL logs no tokens per step: the tokens/s panel says so instead of an empty log-scale axis, and
+    the seconds panel still has its bars."""
+    figures = []
+    monkeypatch.setattr(compare, "save_figure", lambda fig, path, dpi: figures.append(fig))
+    setup = (("model", "tiny"),)
+    rows = [
+        compare.GroupRow("toy", setup, "skyrl", backend, 1, {"step": compare.Spread(s, s, s)}, {}, 5)
+        for backend, s in (("arctic-rl", 0.3), ("native", 0.45))
+    ]
+    compare.write_png(rows, tmp_path / "compare.png")
+    seconds, tokens = figures[0].axes
+    assert [t.get_text() for t in tokens.texts] == [compare.NO_TOKENS_TEXT] and not tokens.patches
+    assert len(seconds.patches) == 2
+    with_tokens = [dataclasses.replace(r, tokens_per_s={"step": compare.Spread(9, 9, 9)}) for r in rows]
+    compare.write_png(with_tokens, tmp_path / "compare.png")
+    assert not figures[1].axes[1].texts and len(figures[1].axes[1].patches) == 2
