@@ -12,12 +12,13 @@ resume=auto`, the others join it. On preemption or time-out Slurm sends USR2; su
 from __future__ import annotations
 
 import argparse
+import os
 import shlex
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -50,6 +51,7 @@ class RecipeJob(submitit.helpers.Checkpointable):
 
     def __call__(self) -> int:
         env = submitit.JobEnvironment()
+        check_one_task_per_node(os.environ)
         try:
             hostnames = list(env.hostnames)
         except Exception:  # local/debug executors have no node list
@@ -74,6 +76,20 @@ class RecipeJob(submitit.helpers.Checkpointable):
         # to exit anyway (submitit's _exit), and Slurm still SIGKILLs stragglers after KillWait.
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         return super().checkpoint(*args, **kwargs)
+
+
+def check_one_task_per_node(environ: Mapping[str, str]) -> None:
+    """Refuses a step that packs the job's ranks onto fewer nodes than the job holds (every rank would start a
+    Ray node on the same host, and the engines dealt "over the nodes" would all run there). Outside a Slurm step
+    (the local executor) there is nothing to check."""
+    step_nodes, job_nodes = environ.get("SLURM_STEP_NUM_NODES"), environ.get("SLURM_JOB_NUM_NODES")
+    if step_nodes and job_nodes and int(step_nodes) != int(job_nodes):
+        raise RuntimeError(
+            f"Slurm started this step's {environ.get('SLURM_STEP_NUM_TASKS', '?')} tasks on {step_nodes} of the "
+            f"job's {job_nodes} nodes (SLURM_STEP_NODELIST={environ.get('SLURM_STEP_NODELIST', '?')}, "
+            f"SLURM_JOB_NODELIST={environ.get('SLURM_JOB_NODELIST', '?')}); the job needs one task per node: "
+            "srun --nodes=<job nodes> --ntasks-per-node=1 (jobs.slurm's srun_args)"
+        )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -143,6 +159,13 @@ def make_executor(args: argparse.Namespace, job_dir: Path) -> submitit.AutoExecu
         params["slurm_signal_delay_s"] = args.signal_delay_s
         if not args.cpus_per_node:  # GPU bundles need the node's CPUs too; one CPU per node cannot place them
             params["slurm_exclusive"] = True
+        # One task on each of the job's nodes, said to srun itself: the sbatch options (--nodes, --ntasks-per-node)
+        # do not bind the step. A requeued attempt started the moment a lost node came back once got a step of
+        # 2 tasks on 1 node (CI: sacct's step 6.0 had NNodes=1, NTasks=2; slurmctld builds a step from the
+        # allocated nodes that are up at that instant), so both ranks ran on one host. With the node count given,
+        # slurmctld defers the step until every node is up (ESLURM_NODES_BUSY, "step creation temporarily
+        # disabled") instead.
+        params["slurm_srun_args"] = [f"--nodes={args.nodes}", "--ntasks-per-node=1"]
         # The job imports `jobs` and `arctic_rl` from this checkout, whatever directory Slurm starts it in.
         params["slurm_setup"] = [f"export PYTHONPATH={launch.REPO_ROOT}${{PYTHONPATH:+:$PYTHONPATH}}"]
         if args.partition:

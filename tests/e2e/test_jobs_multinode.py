@@ -177,14 +177,28 @@ def bootstrap_lines(job_dir: Path | None) -> list[str]:
 
 def assert_spans_both_hosts(run, job_dir: Path | None = None) -> None:
     tags = run.data.tags
-    # The placement tag and the bootstrap's lines in the message: CI twice saw engine_hosts=arctic-n1 alone
-    # after a requeue (processes variant of the node-loss test) while nodes=2; the placer now waits for
-    # ARCTIC_RL_NODES nodes (cpu.nodes), and these lines say when each node's Ray came up if it recurs.
+    # The message is a string (pytest prints it whole; a tuple's repr is cut to a few list items): the placement
+    # tags and what the bootstrap of every attempt said.
     why = {key: tags.get(key) for key in ("nodes", "engine_hosts", "placement", "resumed_from_step")}
-    assert tags["nodes"] == "2" and tags["engine_hosts"] == ",".join(NODES), (why, bootstrap_lines(job_dir)[-60:])
+    lines = "\n".join(bootstrap_lines(job_dir)[-60:])
+    assert tags["nodes"] == "2" and tags["engine_hosts"] == ",".join(NODES), f"{why}\n{lines}"
     placement = dict(item.split("=") for item in tags["placement"].split(","))
     assert {placement["training[0]"], placement["training[1]"]} == set(NODES), placement
     assert {placement["sampling[0]"], placement["sampling[1]"]} == set(NODES), placement
+
+
+def assert_every_attempt_on_both_nodes(job_id: str) -> None:
+    """Every attempt's task step (submitit's srun, step 0) ran one task on each node, by Slurm's own record. CI
+    once saw a requeued attempt, started as the lost node came back, run both tasks on arctic-n1 (sacct: step
+    6.0 NNodes=1 NTasks=2), so the whole deployment ran there; jobs.slurm now gives srun the node count."""
+    out = subprocess.run(
+        ["sacct", "-j", job_id, "-D", "-n", "-P", "-o", "JobID,NNodes,NTasks,NodeList"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    steps = [line.split("|") for line in out.splitlines() if line.startswith(f"{job_id}.0|")]
+    assert steps and all(s[1:3] == ["2", "2"] for s in steps), out
 
 
 def ray_addresses(job_dir: Path) -> set[str]:
@@ -356,6 +370,7 @@ def test_submitit_two_nodes_preempted_resumes(
     assert run.info.status == "FINISHED" and run.data.tags["resumed_from_step"] == str(k), run.data.tags
     assert steps_of(store, run.info.run_id) == list(range(1, PREEMPT_STEPS + 1))  # no step lost or repeated
     assert_spans_both_hosts(run, job_dir)
+    assert_every_attempt_on_both_nodes(job_id)
     assert ray_addresses(job_dir) >= {"10.213.0.11", "10.213.0.12"}
     assert "ray-head.1.json" in os.listdir(job_dir)  # the second attempt brought its own Ray up
     # Exact resume: every step, those after K included, equals the uninterrupted run's.
@@ -476,6 +491,7 @@ def test_node_loss_requeues_and_resumes(cluster, store: MlflowClient, size: list
     resumed = [(int(k), Path(path)) for k, path in RESUMED.findall(stdout)]
     assert resumed == [(k, job_dir / "checkpoints" / f"step_{k}") for k in (first, second)], (resumed, first, second)
     assert second > first >= 1
+    assert_every_attempt_on_both_nodes(job_id)
     run = the_run(store, "text2sql", job_id)
     assert_spans_both_hosts(run, job_dir)  # the victim held trainer rank 1 and a sampler replica
     assert run.info.status == "FINISHED" and steps_of(store, run.info.run_id) == list(range(1, PREEMPT_STEPS + 1))

@@ -221,3 +221,39 @@ def test_launchers_plan_against_the_gpu_memory_given(tmp_path: Path) -> None:
         slurm.make_template(args, tmp_path / "job")
     with pytest.raises(ValueError, match=r"need more than 1\.0 GiB"):
         recipe(*small, recipe="text2sql", nodes=2, gpus_per_node=1, gpu_memory_gib=1, job_root=str(tmp_path / "j"))
+
+
+def test_submitit_gives_srun_one_task_per_node(tmp_path: Path) -> None:
+    """The srun line of the batch script submitit writes (its own generator) names the node count and one task
+    per node: the sbatch options alone let a requeued attempt run both tasks on one node (CI: sacct's step 6.0
+    NNodes=1 NTasks=2)."""
+    from jobs import slurm
+
+    args = slurm.build_parser().parse_args(["submit", "--recipe", "text2sql", "--nodes", "2"])
+    script = slurm.make_executor(args, tmp_path)._executor._make_submission_file_text("python -m x", "uid")
+    (srun,) = [line for line in script.splitlines() if line.startswith("srun ")]
+    assert "--nodes=2" in srun.split() and "--ntasks-per-node=1" in srun.split(), script
+
+
+def test_a_step_on_fewer_nodes_than_the_job_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every task checks Slurm's step layout before starting Ray: a step packed onto fewer nodes than the job
+    holds fails naming both counts and the fix, instead of running a two-node deployment on one host."""
+    from jobs import slurm
+
+    slurm.check_one_task_per_node({})  # the local executor: no step
+    slurm.check_one_task_per_node({"SLURM_STEP_NUM_NODES": "2", "SLURM_JOB_NUM_NODES": "2"})
+    packed = {
+        "SUBMITIT_EXECUTOR": "slurm",
+        "SLURM_JOB_ID": "6",
+        "SLURM_PROCID": "1",
+        "SLURM_NTASKS": "2",
+        "SLURM_JOB_NUM_NODES": "2",
+        "SLURM_STEP_NUM_NODES": "1",
+        "SLURM_STEP_NUM_TASKS": "2",
+        "SLURM_STEP_NODELIST": "arctic-n1",
+        "SLURM_JOB_NODELIST": "arctic-n[1-2]",
+    }
+    for key, value in packed.items():
+        monkeypatch.setenv(key, value)
+    with pytest.raises(RuntimeError, match=r"2 tasks on 1 of the job's 2 nodes .*--ntasks-per-node=1"):
+        slurm.RecipeJob(template=None)()  # type: ignore[arg-type]
