@@ -2,7 +2,10 @@
 # Native SkyRL against SkyRL on arctic-rl, the same GRPO run through the product's Slurm launcher, into one
 # MLflow store; then `arctic-rl compare` (median and IQR per phase, table + PNG).
 #
-#   benchmarks/native_skyrl.sh OUT [EPOCHS]     # OUT: a fresh folder; EPOCHS default 3 (2 steps each)
+#   benchmarks/native_skyrl.sh OUT [EPOCHS] [LAUNCHER]
+#
+# OUT: a fresh folder; EPOCHS default 3 (2 steps each); LAUNCHER: submitit (default: python -m jobs.slurm submit)
+# or torchx (torchx run -s slurm jobs/components.py:recipe), the product's two ways onto Slurm.
 #
 # Needs a Slurm cluster (sudo scripts/slurm_cluster.sh up), .venv-skyrl (scripts/setup_skyrl_env.sh) and
 # .venv-skyrl-native (recipes/skyrl/native_cpu/setup_venv.sh). Two one-node jobs, one at a time:
@@ -14,6 +17,8 @@
 set -euo pipefail
 OUT=${1:?usage: $0 OUT [EPOCHS]}
 EPOCHS=${2:-3}
+LAUNCHER=${3:-submitit}
+case "$LAUNCHER" in submitit | torchx) ;; *) echo "LAUNCHER=$LAUNCHER: submitit or torchx" >&2; exit 2 ;; esac
 cd "$(dirname "$0")/.."
 ROOT=$PWD
 PYTHON=${PYTHON:-$ROOT/.venv/bin/python}
@@ -39,6 +44,14 @@ log() { echo "[native_skyrl $(date +%T)] $*"; }
 started=$SECONDS
 
 run_job() {  # side command
+  if [ "$LAUNCHER" = torchx ]; then
+    log "$1: torchx run -s slurm jobs/components.py:recipe --recipe toy --nodes 1 --command '$2'"
+    SKYRL_OUT=$OUT/$1 "$ROOT/.venv/bin/torchx" run --wait -s slurm -cfg time=30 \
+      jobs/components.py:recipe --recipe toy --nodes 1 --command "$2" > "$OUT/$1.log" 2>&1 || { tail -20 "$OUT/$1.log"; exit 1; }
+    grep -q "Job finished: SUCCEEDED" "$OUT/$1.log" || { tail -20 "$OUT/$1.log"; exit 1; }
+    tail -1 "$OUT/$1.log"
+    return
+  fi
   log "$1: python -m jobs.slurm submit --recipe toy --nodes 1 --command '$2'"
   SKYRL_OUT=$OUT/$1 "$PYTHON" -m jobs.slurm submit --recipe toy --nodes 1 --time 30 --wait --command "$2" \
     > "$OUT/$1.log" 2>&1 || { tail -20 "$OUT/$1.log"; exit 1; }
@@ -48,4 +61,4 @@ run_job() {  # side command
 run_job native "bash $ROOT/recipes/skyrl/native_cpu/run.sh $SAME"
 run_job arctic "bash $ROOT/recipes/skyrl/run_tiny.sh $MODEL $SAME"
 "$PYTHON" -m arctic_rl.compare --experiment toy --out "$OUT/compare-toy" | tee "$OUT/compare-toy.txt"
-log "2 jobs and the comparison in $((SECONDS - started)) s: $OUT/compare-toy"
+log "2 jobs ($LAUNCHER) and the comparison in $((SECONDS - started)) s: $OUT/compare-toy"
