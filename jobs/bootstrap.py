@@ -74,6 +74,10 @@ class BootstrapConfig:
     workdir: Path | None = None  # cwd of the command; the submitter's directory
     signal_grace_s: float = 0.0  # after the command dies by a signal, wait this long for a requeue
     ray_temp_root: Path = TEMP_ROOT  # holds this user's 0700 arctic-rl-ray-<uid> folder of Ray temp dirs
+    # The interpreter whose Ray the nodes run (`ray` beside it) and the probes import; None: this one. For a
+    # command that drives Ray from another environment: a driver joins only a cluster of its own Ray and Python
+    # version (native SkyRL: Python 3.12, .venv-skyrl-native/bin/python). Checked: Ray >= 2.52 (token auth).
+    ray_python: Path | None = None
 
     def __post_init__(self) -> None:
         if self.num_nodes < 1:
@@ -83,6 +87,45 @@ class BootstrapConfig:
         if self.rank == 0 and not self.command:
             raise ValueError("command is empty: rank 0 needs the recipe command to run (after `--`)")
         self.job_dir = Path(self.job_dir).resolve()
+        if self.ray_python is not None:
+            # absolute(), not resolve(): a venv's python is a symlink, and its `ray` is beside the link.
+            self.ray_python = Path(self.ray_python).absolute()
+            check_ray_python(self.ray_python)
+
+    @property
+    def python(self) -> str:
+        """The interpreter of the job's Ray: its nodes' `ray`, the probes, the node watch."""
+        return str(self.ray_python) if self.ray_python is not None else sys.executable
+
+
+TOKEN_AUTH_RAY = (2, 52)  # the first Ray release with token authentication (RAY_AUTH_MODE=token)
+
+
+def check_ray_python(python: Path) -> str:
+    """Ray's version in the environment of `python`, or ValueError naming what is wrong and the fix: not an
+    executable, no `ray` beside it, no importable Ray, or a Ray without token authentication (the job's Ray
+    always runs with a token, docs/security.md; an older Ray would ignore RAY_AUTH_MODE and run open)."""
+    hint = "give the python of an environment with Ray >= 2.52, e.g. --ray-python .venv-skyrl-native/bin/python"
+    if not (python.is_file() and os.access(python, os.X_OK)):
+        raise ValueError(f"ray_python={python}: not an executable file; {hint}")
+    if not os.access(python.with_name("ray"), os.X_OK):
+        raise ValueError(f"ray_python={python}: no `ray` executable beside it ({python.with_name('ray')}); {hint}")
+    probe = subprocess.run(
+        [str(python), "-c", "import ray; print(ray.__version__)"], capture_output=True, text=True, timeout=300
+    )
+    if probe.returncode != 0:
+        tail = (probe.stderr.strip().splitlines() or ["?"])[-1]
+        raise ValueError(f"ray_python={python}: `import ray` failed ({tail}); {hint}")
+    version = probe.stdout.strip()
+    parts = version.split(".")
+    if not (len(parts) >= 2 and parts[0].isdigit() and parts[1].isdigit()):
+        raise ValueError(f"ray_python={python}: unreadable Ray version {version!r}; {hint}")
+    if (int(parts[0]), int(parts[1])) < TOKEN_AUTH_RAY:
+        raise ValueError(
+            f"ray_python={python} has Ray {version}, which has no token authentication (added in Ray 2.52): the "
+            f"job's Ray would run open to anyone who reaches its nodes; {hint}"
+        )
+    return version
 
 
 def log(rank: int, message: str) -> None:
@@ -179,7 +222,7 @@ class RayNode:
     def argv(self) -> list[str]:
         cfg = self.cfg
         labels = f"{RANK_LABEL}={cfg.rank},{HOST_LABEL}={socket.gethostname()}"
-        argv = [str(Path(sys.executable).with_name("ray")), "start", "--block", f"--labels={labels}"]
+        argv = [str(Path(cfg.python).with_name("ray")), "start", "--block", f"--labels={labels}"]
         argv += [f"--temp-dir={self.temp_dir}", f"--dashboard-agent-listen-port={free_port()}"]
         if self.is_head:
             # Fixed default ports (6379, 10001) collide with other clusters on the same machine.
@@ -398,7 +441,7 @@ def wait_for_nodes(
     ranks: dict[int, str] = {}
     while True:
         remaining = max(1.0, deadline - time.monotonic())
-        argv = [sys.executable, "-m", "jobs.bootstrap", "--probe-nodes", address, str(cfg.num_nodes), str(remaining)]
+        argv = [cfg.python, "-m", "jobs.bootstrap", "--probe-nodes", address, str(cfg.num_nodes), str(remaining)]
         proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, env={**pythonpath_env(), **ray_auth_env(cfg)})
         stop_probe_if_head_dies(proc, head_alive)
         for msg in probe_messages(proc.stdout, 0):
@@ -452,6 +495,7 @@ def command_env(cfg: BootstrapConfig, address: str) -> dict[str, str]:
     env["ARCTIC_RL_RAY_ENV"] = json.dumps(ray_env)
     env["ARCTIC_RL_JOB_DIR"] = str(cfg.job_dir)
     env["ARCTIC_RL_RESUME_KEY"] = str(cfg.job_dir)
+    env["ARCTIC_RL_RAY_PYTHON"] = cfg.python  # whose Ray this is: a command can tell whether it may join it
     if cfg.num_gpus is not None:
         env["ARCTIC_RL_GPUS"] = str(cfg.num_gpus * cfg.num_nodes)
     if cfg.recipe:
@@ -466,7 +510,7 @@ def start_watch(cfg: BootstrapConfig, address: str, ranks: dict[int, str]) -> su
     if cfg.num_nodes < 2:
         return None
     expected = json.dumps({str(r): host for r, host in ranks.items() if r != 0})
-    argv = [sys.executable, "-m", "jobs.bootstrap", "--watch-nodes", address, expected]
+    argv = [cfg.python, "-m", "jobs.bootstrap", "--watch-nodes", address, expected]
     return subprocess.Popen(
         argv,
         stdout=subprocess.PIPE,
@@ -649,6 +693,7 @@ def parse_args(argv: Sequence[str]) -> BootstrapConfig:
     p.add_argument("--resources", default="{}", help="JSON custom Ray resources of this node")
     p.add_argument("--ray-args", default="", help="extra `ray start` flags, one shell-quoted string")
     p.add_argument("--register-timeout-s", type=float, default=300.0)
+    p.add_argument("--ray-python", help="the python whose Ray the nodes run (Ray >= 2.52); default this one")
     p.add_argument("--recipe")
     p.add_argument("--tracking-uri")
     p.add_argument("--workdir")
@@ -673,6 +718,7 @@ def parse_args(argv: Sequence[str]) -> BootstrapConfig:
         recipe=a.recipe,
         tracking_uri=a.tracking_uri,
         workdir=Path(a.workdir) if a.workdir else None,
+        ray_python=Path(a.ray_python) if a.ray_python else None,
     )
 
 

@@ -12,11 +12,12 @@ builds the CLI from the real annotation types.
 
 import shlex
 import sys
+from pathlib import Path
 
 import torchx.specs as specs
 
 from arctic_rl.tracking import default_tracking_uri
-from jobs import launch
+from jobs import bootstrap, launch
 
 
 def recipe(
@@ -32,6 +33,7 @@ def recipe(
     max_retries: int = 0,
     register_timeout_s: int = 300,
     ray_args: str = "",
+    ray_python: str = "",
     skip_plan: bool = False,
     gpu_memory_gib: float = 0.0,
 ) -> specs.AppDef:
@@ -51,6 +53,8 @@ def recipe(
         max_retries: times the job is requeued after a failure; it resumes from its last checkpoint
         register_timeout_s: how long the head waits for all nodes to join Ray
         ray_args: extra `ray start` flags for every node
+        ray_python: the python whose Ray the nodes run (Ray >= 2.52; default this one), for a command that
+            drives Ray from another environment (native SkyRL: .venv-skyrl-native/bin/python)
         skip_plan: submit even when `arctic-rl plan` (run first on GPU nodes) says the run cannot fit
         gpu_memory_gib: memory of one GPU in GiB for that plan (0: the plan's default, 80)
     """
@@ -87,6 +91,11 @@ def recipe(
         args.append(f"--num-gpus={gpus_per_node}")
     if ray_args:
         args.append(f"--ray-args={ray_args}")
+    if ray_python:
+        # Checked here, at `torchx run` time, as well as on every node: a bad path fails before it queues.
+        python = Path(ray_python).absolute()
+        bootstrap.check_ray_python(python)
+        args.append(f"--ray-python={python}")
     role = specs.Role(
         name="node",
         image=str(launch.REPO_ROOT),

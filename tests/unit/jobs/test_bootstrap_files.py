@@ -6,6 +6,7 @@ of `ray start`'s environment (which every Ray worker of the node inherits) and o
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -139,3 +140,71 @@ def test_the_head_starts_ray_with_arctic_rls_system_config(tmp_path):
     flags = [a.split("=", 1)[1] for a in head if a.startswith("--system-config=")]
     assert [json.loads(f) for f in flags] == [RAY_SYSTEM_CONFIG], head
     assert not any(a.startswith("--system-config") for a in bootstrap.RayNode(cfg, head_address="10.0.0.1:6379").argv())
+
+
+def fake_env(tmp_path: Path, ray_version: str = "2.60.0", ray: bool = True) -> Path:
+    """An environment's bin/ with a `python` that answers `import ray; print(ray.__version__)` as a Ray of
+    ray_version would, and (with ray) a `ray` beside it."""
+    bin_dir = tmp_path / "env" / "bin"
+    bin_dir.mkdir(parents=True)
+    for name in ("python", "ray") if ray else ("python",):
+        (bin_dir / name).write_text(f"#!/bin/sh\necho {ray_version}\n")
+        (bin_dir / name).chmod(0o755)
+    return bin_dir / "python"
+
+
+def test_the_jobs_ray_is_that_of_ray_python(tmp_path: Path) -> None:
+    """A command that drives Ray from another environment (native SkyRL: Python 3.12) can join only a Ray of
+    its own version: the nodes start that environment's `ray`, the probes and the node watch run its python, and
+    the command is told whose Ray it is."""
+    python = fake_env(tmp_path)
+    cfg = bootstrap.BootstrapConfig(
+        command=["true"], job_dir=tmp_path / "job", ray_temp_root=tmp_path / "tmp", ray_python=python
+    )
+    assert bootstrap.RayNode(cfg, head_address=None).argv()[0] == str(python.with_name("ray"))
+    assert cfg.python == str(python)
+    assert bootstrap.command_env(cfg, "127.0.0.1:1")["ARCTIC_RL_RAY_PYTHON"] == str(python)
+    (tmp_path / "default").mkdir()
+    default = config(tmp_path / "default")
+    assert bootstrap.RayNode(default, head_address=None).argv()[0] == str(Path(sys.executable).with_name("ray"))
+    assert bootstrap.command_env(default, "127.0.0.1:1")["ARCTIC_RL_RAY_PYTHON"] == sys.executable
+
+
+def test_a_ray_python_without_token_auth_or_ray_is_refused_naming_it(tmp_path: Path) -> None:
+    """Every job's Ray runs with a token; a Ray before 2.52 (SkyRL's pinned 2.51.1) ignores RAY_AUTH_MODE and
+    would run open, so it is refused at submit time, as are a path that is no interpreter and one with no Ray."""
+    job = tmp_path / "job"
+    old = fake_env(tmp_path / "old", "2.51.1")
+    with pytest.raises(ValueError, match=rf"ray_python={old} has Ray 2\.51\.1, which has no token authentication"):
+        bootstrap.BootstrapConfig(command=["true"], job_dir=job, ray_python=old)
+    with pytest.raises(ValueError, match=r"ray_python=.*README\.md: not an executable file"):
+        bootstrap.BootstrapConfig(command=["true"], job_dir=job, ray_python=Path("README.md"))
+    no_ray = fake_env(tmp_path / "noray", ray=False)
+    with pytest.raises(ValueError, match=rf"ray_python={no_ray}: no `ray` executable beside it"):
+        bootstrap.BootstrapConfig(command=["true"], job_dir=job, ray_python=no_ray)
+    broken = fake_env(tmp_path / "broken")
+    broken.write_text("#!/bin/sh\necho 'ModuleNotFoundError: No module named ray' >&2\nexit 1\n")
+    with pytest.raises(ValueError, match=r"`import ray` failed \(ModuleNotFoundError: No module named ray\)"):
+        bootstrap.BootstrapConfig(command=["true"], job_dir=job, ray_python=broken)
+
+
+def test_both_launchers_pass_ray_python_to_every_node(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from jobs import slurm
+    from jobs.components import recipe
+
+    python = fake_env(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    args = slurm.build_parser().parse_args(
+        ["submit", "--recipe", "toy", "--command", "true", "--ray-python", str(python)]
+    )
+    args.overrides = []
+    assert slurm.make_template(args, tmp_path / "job").ray_python == python
+    app = recipe(recipe="toy", command="true", ray_python=str(python), job_root=str(tmp_path / "jobs"))
+    (role,) = app.roles
+    sep = role.args.index("--")
+    assert f"--ray-python={python}" in role.args[:sep]
+    # What each node parses (TorchX fills in its rank macros at run time; a node's rank comes from Slurm then).
+    node_args = [a for a in role.args[2:] if "${" not in a]
+    assert bootstrap.parse_args(node_args).ray_python == python
+    with pytest.raises(ValueError, match="has Ray 2.51.1"):
+        recipe(recipe="toy", command="true", ray_python=str(fake_env(tmp_path / "old", "2.51.1")))

@@ -1,6 +1,7 @@
 """With SKYRL_NATIVE_CPU_SHIMS=1 (recipes/skyrl/native_cpu/run.sh): apply recipes/skyrl/native_cpu/cpu_shims.py in
 every Python process of a native-SkyRL CPU run, right after `torch` (cpu_shims.patch_torch) and
-`skyrl_train.distributed.fsdp_utils` (cpu_shims.patch_fsdp_utils) finish importing. Python imports sitecustomize
+`skyrl_train.distributed.fsdp_utils` (cpu_shims.patch_fsdp_utils) finish importing, and ray_shims.py (Ray 2.60 in
+place of SkyRL's pinned 2.51) right after the two Ray modules it patches. Python imports sitecustomize
 from sys.path at start-up, so this reaches processes nothing else can patch: vLLM's spawned EngineCore, where
 skyrl_train/weight_sync/broadcast_strategy.py:187 allocates the received weights with device="cuda"."""
 
@@ -20,7 +21,22 @@ if os.environ.get("SKYRL_NATIVE_CPU_SHIMS") == "1":
 
         cpu_shims.patch_fsdp_utils(module)
 
-    _HOOKS = {"torch": _after_torch, "skyrl_train.distributed.fsdp_utils": _after_fsdp_utils}
+    def _after_placement_group(module):
+        from recipes.skyrl.native_cpu import ray_shims
+
+        ray_shims.patch_placement_group(module)
+
+    def _after_experimental_collective(module):
+        from recipes.skyrl.native_cpu import ray_shims
+
+        ray_shims.patch_experimental_collective(module)
+
+    _HOOKS = {
+        "torch": _after_torch,
+        "skyrl_train.distributed.fsdp_utils": _after_fsdp_utils,
+        "ray.util.placement_group": _after_placement_group,
+        "ray.experimental.collective": _after_experimental_collective,
+    }
 
     class _PostImportFinder(importlib.abc.MetaPathFinder):
         def find_spec(self, name, path, target=None):
