@@ -99,24 +99,30 @@ class BootstrapConfig:
 
 
 TOKEN_AUTH_RAY = (2, 52)  # the first Ray release with token authentication (RAY_AUTH_MODE=token)
+RAY_PROBE = """import ray
+try:
+    import grpc  # what ray[client] adds
+    client = "client"
+except ImportError:
+    client = "no-client"
+print(ray.__version__, client)"""
 
 
 def check_ray_python(python: Path) -> str:
     """Ray's version in the environment of `python`, or ValueError naming what is wrong and the fix: not an
-    executable, no `ray` beside it, no importable Ray, or a Ray without token authentication (the job's Ray
-    always runs with a token, docs/security.md; an older Ray would ignore RAY_AUTH_MODE and run open)."""
+    executable, no `ray` beside it, no importable Ray, a Ray without token authentication (the job's Ray
+    always runs with a token, docs/security.md; an older Ray would ignore RAY_AUTH_MODE and run open), or a Ray
+    without Ray Client."""
     hint = "give the python of an environment with Ray >= 2.52, e.g. --ray-python .venv-skyrl-native/bin/python"
     if not (python.is_file() and os.access(python, os.X_OK)):
         raise ValueError(f"ray_python={python}: not an executable file; {hint}")
     if not os.access(python.with_name("ray"), os.X_OK):
         raise ValueError(f"ray_python={python}: no `ray` executable beside it ({python.with_name('ray')}); {hint}")
-    probe = subprocess.run(
-        [str(python), "-c", "import ray; print(ray.__version__)"], capture_output=True, text=True, timeout=300
-    )
+    probe = subprocess.run([str(python), "-c", RAY_PROBE], capture_output=True, text=True, timeout=300)
     if probe.returncode != 0:
         tail = (probe.stderr.strip().splitlines() or ["?"])[-1]
         raise ValueError(f"ray_python={python}: `import ray` failed ({tail}); {hint}")
-    version = probe.stdout.strip()
+    version, _, client = probe.stdout.strip().partition(" ")
     parts = version.split(".")
     if not (len(parts) >= 2 and parts[0].isdigit() and parts[1].isdigit()):
         raise ValueError(f"ray_python={python}: unreadable Ray version {version!r}; {hint}")
@@ -124,6 +130,11 @@ def check_ray_python(python: Path) -> str:
         raise ValueError(
             f"ray_python={python} has Ray {version}, which has no token authentication (added in Ray 2.52): the "
             f"job's Ray would run open to anyone who reaches its nodes; {hint}"
+        )
+    if client != "client":
+        # The head serves Ray Client on a port of ours (RayNode.argv), which `ray start` refuses without grpcio.
+        raise ValueError(
+            f"ray_python={python}: its Ray has no Ray Client (grpcio); install ray[client]=={version} there"
         )
     return version
 

@@ -142,13 +142,13 @@ def test_the_head_starts_ray_with_arctic_rls_system_config(tmp_path):
     assert not any(a.startswith("--system-config") for a in bootstrap.RayNode(cfg, head_address="10.0.0.1:6379").argv())
 
 
-def fake_env(tmp_path: Path, ray_version: str = "2.60.0", ray: bool = True) -> Path:
-    """An environment's bin/ with a `python` that answers `import ray; print(ray.__version__)` as a Ray of
-    ray_version would, and (with ray) a `ray` beside it."""
+def fake_env(tmp_path: Path, ray_version: str = "2.60.0", ray: bool = True, client: str = "client") -> Path:
+    """An environment's bin/ with a `python` that answers bootstrap.RAY_PROBE as a Ray of ray_version (with or
+    without Ray Client) would, and (with ray) a `ray` beside it."""
     bin_dir = tmp_path / "env" / "bin"
     bin_dir.mkdir(parents=True)
     for name in ("python", "ray") if ray else ("python",):
-        (bin_dir / name).write_text(f"#!/bin/sh\necho {ray_version}\n")
+        (bin_dir / name).write_text(f"#!/bin/sh\necho {ray_version} {client}\n")
         (bin_dir / name).chmod(0o755)
     return bin_dir / "python"
 
@@ -172,7 +172,8 @@ def test_the_jobs_ray_is_that_of_ray_python(tmp_path: Path) -> None:
 
 def test_a_ray_python_without_token_auth_or_ray_is_refused_naming_it(tmp_path: Path) -> None:
     """Every job's Ray runs with a token; a Ray before 2.52 (SkyRL's pinned 2.51.1) ignores RAY_AUTH_MODE and
-    would run open, so it is refused at submit time, as are a path that is no interpreter and one with no Ray."""
+    would run open, so it is refused at submit time, as are a path that is no interpreter, one with no Ray and
+    a Ray without Ray Client."""
     job = tmp_path / "job"
     old = fake_env(tmp_path / "old", "2.51.1")
     with pytest.raises(ValueError, match=rf"ray_python={old} has Ray 2\.51\.1, which has no token authentication"):
@@ -186,6 +187,10 @@ def test_a_ray_python_without_token_auth_or_ray_is_refused_naming_it(tmp_path: P
     broken.write_text("#!/bin/sh\necho 'ModuleNotFoundError: No module named ray' >&2\nexit 1\n")
     with pytest.raises(ValueError, match=r"`import ray` failed \(ModuleNotFoundError: No module named ray\)"):
         bootstrap.BootstrapConfig(command=["true"], job_dir=job, ray_python=broken)
+    # The head serves Ray Client (its port is one of ours); `ray start` refuses that without grpcio.
+    minimal = fake_env(tmp_path / "minimal", client="no-client")
+    with pytest.raises(ValueError, match=r"no Ray Client \(grpcio\); install ray\[client\]==2\.60\.0 there"):
+        bootstrap.BootstrapConfig(command=["true"], job_dir=job, ray_python=minimal)
 
 
 def test_both_launchers_pass_ray_python_to_every_node(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
