@@ -39,6 +39,8 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from packaging.version import InvalidVersion, Version
+
 from arctic_rl.config import TOKEN_ENV
 from arctic_rl.local_ray import RAY_SYSTEM_CONFIG, TEMP_ROOT, private_dir, ray_temp_root
 
@@ -123,10 +125,11 @@ def check_ray_python(python: Path) -> str:
         tail = (probe.stderr.strip().splitlines() or ["?"])[-1]
         raise ValueError(f"ray_python={python}: `import ray` failed ({tail}); {hint}")
     version, _, client = probe.stdout.strip().partition(" ")
-    parts = version.split(".")
-    if not (len(parts) >= 2 and parts[0].isdigit() and parts[1].isdigit()):
-        raise ValueError(f"ray_python={python}: unreadable Ray version {version!r}; {hint}")
-    if (int(parts[0]), int(parts[1])) < TOKEN_AUTH_RAY:
+    try:
+        release = Version(version).release
+    except InvalidVersion:
+        raise ValueError(f"ray_python={python}: unreadable Ray version {version!r}; {hint}") from None
+    if release[:2] < TOKEN_AUTH_RAY:
         raise ValueError(
             f"ray_python={python} has Ray {version}, which has no token authentication (added in Ray 2.52): the "
             f"job's Ray would run open to anyone who reaches its nodes; {hint}"

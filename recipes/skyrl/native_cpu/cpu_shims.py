@@ -36,7 +36,7 @@ def apply() -> None:
     patch_fsdp_utils(fsdp_utils)
 
 
-def patch_torch() -> None:
+def patch_torch(_torch=None) -> None:  # _torch: the module, when called as an import hook
     global _APPLIED
     if _APPLIED:
         return

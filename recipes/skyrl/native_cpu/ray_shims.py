@@ -7,6 +7,7 @@ changed. stubs/sitecustomize.py applies each right after the Ray module it patch
 
 from __future__ import annotations
 
+import pkgutil
 import sys
 import types
 
@@ -25,8 +26,8 @@ def patch_experimental_collective(package: types.ModuleType) -> None:
     """inference_engines/utils.py:225 imports get_address_and_port from ray.experimental.collective.util, a module
     Ray 2.60 no longer has; the same function (this node's IP and a free port) is in ray.util.collective.collective."""
     name = f"{package.__name__}.util"
-    if name in sys.modules or (package.__spec__ and _has_submodule(package, "util")):
-        return
+    if name in sys.modules or any(info.name == "util" for info in pkgutil.iter_modules(package.__path__)):
+        return  # Ray 2.51: the real module
     util = types.ModuleType(name, "Stand-in for Ray 2.51's ray.experimental.collective.util (ray_shims.py).")
 
     def get_address_and_port() -> tuple[str, int]:
@@ -37,9 +38,3 @@ def patch_experimental_collective(package: types.ModuleType) -> None:
     util.get_address_and_port = get_address_and_port
     sys.modules[name] = util
     package.util = util
-
-
-def _has_submodule(package: types.ModuleType, name: str) -> bool:
-    import pkgutil
-
-    return any(info.name == name for info in pkgutil.iter_modules(package.__path__))

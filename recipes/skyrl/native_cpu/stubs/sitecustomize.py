@@ -11,32 +11,21 @@ import sys
 if os.environ.get("SKYRL_NATIVE_CPU_SHIMS") == "1":
     import importlib.abc
 
-    def _after_torch(module):
-        from recipes.skyrl.native_cpu import cpu_shims
-
-        cpu_shims.patch_torch()
-
-    def _after_fsdp_utils(module):
-        from recipes.skyrl.native_cpu import cpu_shims
-
-        cpu_shims.patch_fsdp_utils(module)
-
-    def _after_placement_group(module):
-        from recipes.skyrl.native_cpu import ray_shims
-
-        ray_shims.patch_placement_group(module)
-
-    def _after_experimental_collective(module):
-        from recipes.skyrl.native_cpu import ray_shims
-
-        ray_shims.patch_experimental_collective(module)
-
-    _HOOKS = {
-        "torch": _after_torch,
-        "skyrl_train.distributed.fsdp_utils": _after_fsdp_utils,
-        "ray.util.placement_group": _after_placement_group,
-        "ray.experimental.collective": _after_experimental_collective,
+    # module imported -> (shim module in recipes.skyrl.native_cpu, its function), called with the module.
+    _SHIMS = {
+        "torch": ("cpu_shims", "patch_torch"),
+        "skyrl_train.distributed.fsdp_utils": ("cpu_shims", "patch_fsdp_utils"),
+        "ray.util.placement_group": ("ray_shims", "patch_placement_group"),
+        "ray.experimental.collective": ("ray_shims", "patch_experimental_collective"),
     }
+
+    def _shim_hook(shim, function):
+        def hook(module):
+            getattr(importlib.import_module(f"recipes.skyrl.native_cpu.{shim}"), function)(module)
+
+        return hook
+
+    _HOOKS = {name: _shim_hook(*target) for name, target in _SHIMS.items()}
 
     class _PostImportFinder(importlib.abc.MetaPathFinder):
         def find_spec(self, name, path, target=None):
