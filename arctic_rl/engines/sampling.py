@@ -176,6 +176,25 @@ class SamplingWorker:
     def score(self, sequences: list[list[int]], prompt_lens: list[int]) -> list[list[float]]:
         """The sampler's log-probs of given tokens: for each sequence, log p(token) of every token
         after its first `prompt_len` tokens (vLLM prompt log-probs)."""
+        return self._score(sequences, prompt_lens)[0]
+
+    def score_routed(self, sequences: list[list[int]], prompt_lens: list[int]) -> dict[str, Any]:
+        """`score`, and with router replay on, the experts the sampler routed each token of each sequence to
+        ([len(sequence), L, k] int16, -1 where it has no record), as `generate` returns them: a trainer replaying
+        them computes the same tokens' log-probs with the sampler's routing (the weight-sync probe of an MoE
+        model, whose bf16 sampler and fp32 trainer otherwise route a few tokens to other experts)."""
+        log_probs, outs = self._score(sequences, prompt_lens)
+        routed: list[torch.Tensor] | None = None
+        if self.capture:
+            routed = self.llm.collective_rpc(routing_capture.lookup, kwargs={"sequences": sequences})[0]
+        elif self.replay:  # vLLM's own record (CUDA), of the sequence and the one token generated after it
+            routed = [
+                torch.from_numpy(cast(Any, out.outputs[0]).routed_experts[: len(seq)]).to(torch.int16)
+                for out, seq in zip(outs, sequences)
+            ]
+        return {"log_probs": log_probs, "routed_experts": routed}
+
+    def _score(self, sequences: list[list[int]], prompt_lens: list[int]) -> tuple[list[list[float]], list]:
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
@@ -185,7 +204,7 @@ class SamplingWorker:
         for out, seq, p in zip(outs, sequences, prompt_lens):
             plp = cast(Any, out.prompt_logprobs)  # [None, {tok: Logprob}, ...] aligned with the sequence
             res.append([float(plp[i][seq[i]].logprob) for i in range(p, len(seq))])
-        return res
+        return res, outs
 
     def update_weights(self, state: dict[str, torch.Tensor]) -> float:
         """Loads the trainer's full state dict; returns seconds taken."""

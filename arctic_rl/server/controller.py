@@ -351,9 +351,20 @@ class Controller:
         }
 
     def _probe_diff(self) -> tuple[float, float]:
-        trainer = self.dispatch("log_probs", {"batch": weight_check.probe_batch()})["log_probs"][0]
-        score = self.samplers[0].score.remote([weight_check.PROBE_SEQ], [weight_check.PROBE_PROMPT_LEN])
-        return weight_check.probe_diff(trainer, self._get(score, "sampling")[0])
+        """(max, mean) |log-prob difference| of the probe sequence, trainer against sampler 0. With router replay on,
+        the trainer replays the sampler's routing of the probe: a bf16 sampler and an fp32 trainer route some tokens
+        of an MoE model to other experts, whole nats apart, which a correct sync cannot remove (seen: tests/e2e/test_moe.py's R3 deployment
+        failed its probe after one step, the exact check passing)."""
+        batch = weight_check.probe_batch()
+        seqs, lens = [weight_check.PROBE_SEQ], [weight_check.PROBE_PROMPT_LEN]
+        if self.cfg.training_config.router_replay.enable:
+            scored = self._get(self.samplers[0].score_routed.remote(seqs, lens), "sampling")
+            sampler = scored["log_probs"][0]
+            batch["routed_experts"] = scored["routed_experts"][0].unsqueeze(0)  # [1, T, L, k]
+        else:
+            sampler = self._get(self.samplers[0].score.remote(seqs, lens), "sampling")[0]
+        trainer = self.dispatch("log_probs", {"batch": batch})["log_probs"][0]
+        return weight_check.probe_diff(trainer, sampler)
 
     def _probe_log_prob_diff(self) -> float:
         worst, mean = self._probe_diff()
