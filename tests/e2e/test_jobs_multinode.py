@@ -28,6 +28,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -133,12 +134,35 @@ def slurm_state(job_id: str) -> str:
     return states[-1] if states else "UNKNOWN"
 
 
-def wait_state(job_id: str, done: set[str], timeout_s: float, why: str = "") -> str:
+def wait_state(job_id: str, done: set[str], timeout_s: float, why: str | Callable[[], str] = "") -> str:
+    """Polls sacct until the job's state is one of `done`; on timeout the message ends with `why` (called then,
+    when it is a function: a job's logs as they are at that moment)."""
     deadline = time.monotonic() + timeout_s
     while (state := slurm_state(job_id)).split()[0] not in done:
-        assert time.monotonic() < deadline, f"job {job_id} still {state} after {timeout_s:.0f} s{why}"
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"job {job_id} still {state} after {timeout_s:.0f} s{why() if callable(why) else why}")
         time.sleep(3)
     return state
+
+
+def job_report(job_id: str, job_dir: Path, chars: int = 2500) -> str:
+    """What a stuck or failed submitit job looked like: Slurm's view of the job and of every attempt's steps, then
+    the tail of each task's log (rank 0's .err also holds the batch script's, so srun's own messages)."""
+    run = lambda *argv: subprocess.run(argv, capture_output=True, text=True).stdout  # noqa: E731
+    parts = [
+        "\n--- scontrol show job\n" + run("scontrol", "show", "job", job_id),
+        "--- sacct -D (every attempt and step)\n"
+        + run("sacct", "-j", job_id, "-D", "-P", "-o", "JobID,State,Start,End,NNodes,NTasks,NodeList,ExitCode"),
+    ]
+    for path in sorted((job_dir / "submitit").glob("*_log.*")):
+        parts.append(f"--- {path.name} (last {chars} chars)\n{path.read_text(errors='replace')[-chars:]}")
+    return "\n".join(parts)
+
+
+def cancel_if_alive(job_id: str) -> None:
+    """A job the test gave up on is cancelled, so that it does not hold the cluster's nodes for the tests after."""
+    if slurm_state(job_id).split()[0] in ("UNKNOWN", "PENDING", "RUNNING", "REQUEUED", "REQUEUE_HOLD"):
+        subprocess.run(["scancel", job_id], check=False)
 
 
 def release(job_id: str, timeout_s: float = 90) -> None:
@@ -473,19 +497,23 @@ def test_node_loss_requeues_and_resumes(cluster, store: MlflowClient, size: list
     victim = NODES[1]
     job_id, job_dir, _ = submit([*doc_command("python -m jobs.slurm submit"), *size, f"train.steps={PREEMPT_STEPS}"])
     out = lambda: "".join(p.read_text(errors="replace") for p in (job_dir / "submitit").glob("*_0_log.*"))  # noqa: E731
+    report = lambda: job_report(job_id, job_dir)  # noqa: E731
 
     def wait_for_checkpoint_past(step: int) -> None:
         deadline = time.monotonic() + JOB_TIMEOUT_S
         while latest_step(job_dir) <= step:
-            assert slurm_state(job_id) in ("UNKNOWN", "PENDING", "RUNNING"), out()[-3000:]
-            assert time.monotonic() < deadline, f"no checkpoint past step {step}: {out()[-3000:]}"
+            assert slurm_state(job_id) in ("UNKNOWN", "PENDING", "RUNNING"), report()
+            assert time.monotonic() < deadline, f"no checkpoint past step {step}: {report()}"
             time.sleep(0.2)
 
-    wait_for_checkpoint_past(0)
-    first = lose_node(job_id, job_dir, victim, "link", out)
-    wait_for_checkpoint_past(first)  # the requeued attempt runs again, on both nodes
-    second = lose_node(job_id, job_dir, victim, "processes", out)
-    state = wait_state(job_id, {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL"}, JOB_TIMEOUT_S)
+    try:
+        wait_for_checkpoint_past(0)
+        first = lose_node(job_id, job_dir, victim, "link", out)
+        wait_for_checkpoint_past(first)  # the requeued attempt runs again, on both nodes
+        second = lose_node(job_id, job_dir, victim, "processes", out)
+        state = wait_state(job_id, {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL"}, JOB_TIMEOUT_S, report)
+    finally:
+        cancel_if_alive(job_id)
     stdout = "".join(p.read_text(errors="replace") for p in (job_dir / "submitit").glob("*_0_log.out"))
     assert state == "COMPLETED", stdout[-4000:]
     resumed = [(int(k), Path(path)) for k, path in RESUMED.findall(stdout)]
