@@ -26,6 +26,17 @@ from arctic_rl.engines.weight_buckets import FUSED, Entry, unpack
 from arctic_rl.errors import BatchFormatError, ConfigError
 
 
+def vllm_routing(record: Any, length: int) -> torch.Tensor | None:
+    """vLLM's routing record of one sequence ([tokens, L, k]) as `length` rows, -1 (no record: the trainer routes
+    the token) past its end; None where vLLM returned none."""
+    if record is None:
+        return None
+    rows = torch.from_numpy(record[:length]).to(torch.int16)
+    if len(rows) < length:
+        rows = torch.cat([rows, rows.new_full((length - len(rows), *rows.shape[1:]), -1)])
+    return rows
+
+
 class SamplingWorker:
     @reports_start_failure(lambda self, config_json, replica: f"sampling engine replica {replica}")
     def __init__(self, config_json: str, replica: int):
@@ -184,13 +195,12 @@ class SamplingWorker:
         them computes the same tokens' log-probs with the sampler's routing (the weight-sync probe of an MoE
         model, whose bf16 sampler and fp32 trainer otherwise route a few tokens to other experts)."""
         log_probs, outs = self._score(sequences, prompt_lens)
-        routed: list[torch.Tensor] | None = None
+        routed: list[Any] | None = None  # per sequence: [len, L, k] int16, or None without a record
         if self.capture:
             routed = self.llm.collective_rpc(routing_capture.lookup, kwargs={"sequences": sequences})[0]
         elif self.replay:  # vLLM's own record (CUDA), of the sequence and the one token generated after it
             routed = [
-                torch.from_numpy(cast(Any, out.outputs[0]).routed_experts[: len(seq)]).to(torch.int16)
-                for out, seq in zip(outs, sequences)
+                vllm_routing(cast(Any, out.outputs[0]).routed_experts, len(seq)) for out, seq in zip(outs, sequences)
             ]
         return {"log_probs": log_probs, "routed_experts": routed}
 

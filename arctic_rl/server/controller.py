@@ -359,8 +359,9 @@ class Controller:
         seqs, lens = [weight_check.PROBE_SEQ], [weight_check.PROBE_PROMPT_LEN]
         if self.cfg.training_config.router_replay.enable:
             scored = self._get(self.samplers[0].score_routed.remote(seqs, lens), "sampling")
-            sampler = scored["log_probs"][0]
-            batch["routed_experts"] = scored["routed_experts"][0].unsqueeze(0)  # [1, T, L, k]
+            sampler, routed = scored["log_probs"][0], scored["routed_experts"]
+            if routed and routed[0] is not None:  # vLLM may return no record: the trainer routes freely
+                batch["routed_experts"] = routed[0].unsqueeze(0)  # [1, T, L, k]
         else:
             sampler = self._get(self.samplers[0].score.remote(seqs, lens), "sampling")[0]
         trainer = self.dispatch("log_probs", {"batch": batch})["log_probs"][0]

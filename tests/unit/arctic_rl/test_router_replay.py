@@ -146,3 +146,20 @@ def test_the_aux_loss_is_transformers_and_zorro_computes_the_naive_batch_s():
         z_aux, z_grad = aux_of(model, batch, zorro=True, **kw)
         torch.testing.assert_close(z_aux, aux, atol=1e-6, rtol=1e-5)
         torch.testing.assert_close(z_grad, grad, atol=1e-7, rtol=1e-4)
+
+
+def test_vllm_routing_record_becomes_one_row_per_token_of_the_sequence():
+    """The weight-sync probe's routing from vLLM's own record (CUDA): one row per token of the scored sequence,
+    the row of the token generated after it cut off, -1 (the trainer routes) where vLLM recorded fewer tokens,
+    None where it returned no record (the probe then routes freely)."""
+    import numpy as np
+
+    from arctic_rl.engines.sampling import vllm_routing
+
+    record = np.arange(5 * 2 * 2, dtype=np.int32).reshape(5, 2, 2) % 4
+    cut = vllm_routing(record, 4)
+    assert cut.dtype == torch.int16 and torch.equal(cut, torch.from_numpy(record[:4]).to(torch.int16))
+    padded = vllm_routing(record, 7)
+    assert padded.shape == (7, 2, 2) and torch.equal(padded[:5], torch.from_numpy(record).to(torch.int16))
+    assert (padded[5:] == -1).all()
+    assert vllm_routing(None, 4) is None
