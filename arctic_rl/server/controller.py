@@ -353,8 +353,8 @@ class Controller:
     def _probe_diff(self) -> tuple[float, float]:
         """(max, mean) |log-prob difference| of the probe sequence, trainer against sampler 0. With router replay on,
         the trainer replays the sampler's routing of the probe: a bf16 sampler and an fp32 trainer route some tokens
-        of an MoE model to other experts, whole nats apart, which a correct sync cannot remove (seen: tests/e2e/test_moe.py's R3 deployment
-        failed its probe after one step, the exact check passing)."""
+        of an MoE model to other experts, far beyond the dtype's noise, which a correct sync cannot remove (seen:
+        tests/e2e/test_moe.py's R3 deployment failed its probe after one step, the exact check passing)."""
         batch = weight_check.probe_batch()
         seqs, lens = [weight_check.PROBE_SEQ], [weight_check.PROBE_PROMPT_LEN]
         if self.cfg.training_config.router_replay.enable:

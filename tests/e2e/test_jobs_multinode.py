@@ -459,7 +459,7 @@ def latest_step(job_dir: Path) -> int:
     return max(done, default=0)
 
 
-def lose_node(job_id: str, job_dir: Path, victim: str, how: str, out) -> int:
+def lose_node(job_id: str, job_dir: Path, victim: str, how: str, report: Callable[[], str]) -> int:
     """Kills `victim` the way `how` says (its link cut, or its processes killed); Slurm must end the attempt within
     NODE_LOSS_BOUND_S and requeue it. The node comes back and the requeued job is released; returns the last step
     checkpointed before the loss (the one the next attempt must resume from)."""
@@ -473,7 +473,7 @@ def lose_node(job_id: str, job_dir: Path, victim: str, how: str, out) -> int:
         elapsed = time.monotonic() - t0
         last = latest_step(job_dir)
         print(f"node loss ({how}): job {job_id} {state} {elapsed:.0f} s after {victim} died; last checkpoint {last}")
-        assert state.split()[0] in NODE_LOSS_EXPECTED, (how, state, out()[-3000:])
+        assert state.split()[0] in NODE_LOSS_EXPECTED, (how, state, report())
         # What the launcher prints for a failed job names the node, also once the requeued attempt's record
         # (pending, on no nodes) is the newest (CI once read that record and found no node).
         assert victim in slurm.failed_nodes(job_id), (how, state)
@@ -496,7 +496,6 @@ def test_node_loss_requeues_and_resumes(cluster, store: MlflowClient, size: list
     losses: each two-node attempt costs a Ray cluster and a deployment (CI time)."""
     victim = NODES[1]
     job_id, job_dir, _ = submit([*doc_command("python -m jobs.slurm submit"), *size, f"train.steps={PREEMPT_STEPS}"])
-    out = lambda: "".join(p.read_text(errors="replace") for p in (job_dir / "submitit").glob("*_0_log.*"))  # noqa: E731
     report = lambda: job_report(job_id, job_dir)  # noqa: E731
 
     def wait_for_checkpoint_past(step: int) -> None:
@@ -508,9 +507,9 @@ def test_node_loss_requeues_and_resumes(cluster, store: MlflowClient, size: list
 
     try:
         wait_for_checkpoint_past(0)
-        first = lose_node(job_id, job_dir, victim, "link", out)
+        first = lose_node(job_id, job_dir, victim, "link", report)
         wait_for_checkpoint_past(first)  # the requeued attempt runs again, on both nodes
-        second = lose_node(job_id, job_dir, victim, "processes", out)
+        second = lose_node(job_id, job_dir, victim, "processes", report)
         state = wait_state(job_id, {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL"}, JOB_TIMEOUT_S, report)
     finally:
         cancel_if_alive(job_id)
