@@ -17,6 +17,7 @@ from __future__ import annotations
 import ctypes
 import errno
 import os
+import re
 import shutil
 import uuid
 from pathlib import Path
@@ -28,6 +29,11 @@ DS_TAG = "arctic-rl"  # DeepSpeed's folder in a checkpoint (TrainingWorker saves
 _AT_FDCWD = -100
 _RENAME_EXCHANGE = 2  # linux/fs.h
 _NO_EXCHANGE = (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP)
+_ID = "[0-9a-f]{12}"  # _new_id's
+
+
+def _new_id() -> str:
+    return uuid.uuid4().hex[:12]
 
 
 def check_replaceable(path: Path) -> None:
@@ -54,7 +60,7 @@ def staging_dir(path: Path) -> Path:
         shutil.rmtree(old, ignore_errors=True)
     for old in _siblings(path, "old") if path.exists() else []:  # kept only while `path` was missing
         shutil.rmtree(old, ignore_errors=True)
-    staging = path.parent / f".{path.name}.saving-{uuid.uuid4().hex[:12]}"
+    staging = path.parent / f".{path.name}.saving-{_new_id()}"
     staging.mkdir()
     return staging
 
@@ -67,7 +73,7 @@ def publish(staging: Path, path: Path) -> None:
     elif _exchange(staging, path):
         shutil.rmtree(staging)  # the previous checkpoint, now under the staging name
     else:
-        aside = path.parent / f".{path.name}.old-{uuid.uuid4().hex[:12]}"
+        aside = path.parent / f".{path.name}.old-{_new_id()}"
         os.rename(path, aside)
         os.rename(staging, path)
         shutil.rmtree(aside)
@@ -83,7 +89,13 @@ def recover(path: Path) -> None:
 
 
 def _siblings(path: Path, kind: str) -> list[Path]:
-    return list(path.parent.glob(f".{path.name}.{kind}-*")) if path.parent.is_dir() else []
+    """`path`'s own hidden folders of `kind`, matched literally: a name is the caller's (hostile) string, so no glob
+    (`ck*` or `[a-z]k` would match other checkpoints' folders) and the id exactly as written (else a checkpoint named
+    `ck.saving-<id>` would have its staging folders taken for `ck`'s)."""
+    if not path.parent.is_dir():
+        return []
+    own = re.compile(rf"\.{re.escape(path.name)}\.{kind}-{_ID}")
+    return [p for p in path.parent.iterdir() if own.fullmatch(p.name)]
 
 
 def _exchange(a: Path, b: Path) -> bool:

@@ -47,7 +47,7 @@ def test_leftovers_of_a_killed_save_go_with_the_next_save_and_a_checkpoint_left_
     checkpoint_dirs.publish(checkpoint(checkpoint_dirs.staging_dir(target), 2), target)
     assert [p.name for p in tmp_path.iterdir()] == ["ck"] and step_of(target) == 2
     # Where the filesystem cannot swap, publish renames the previous one aside first; a crash right after:
-    target.rename(tmp_path / ".ck.old-abc")
+    target.rename(tmp_path / ".ck.old-0123456789ab")
     checkpoint_dirs.recover(target)  # what every save and load of the name runs first
     assert step_of(target) == 2 and [p.name for p in tmp_path.iterdir()] == ["ck"]
 
@@ -66,3 +66,23 @@ def test_a_save_never_replaces_a_folder_that_is_not_a_checkpoint(tmp_path):
     for ok in ("ck", "empty", "new/sub"):
         check_request("save_checkpoint", {"path": ok}, cfg)
     assert (tmp_path / "notes" / "todo.txt").read_text() == "mine"
+
+
+@pytest.mark.parametrize("name", ["c*", "c?", "[cd]k", "ck.saving-0123456789ab"])
+def test_a_name_matches_only_its_own_hidden_folders(tmp_path, name):
+    """A name is taken literally: one with glob characters (`c*`), or one that reads like another's staging folder,
+    neither deletes another checkpoint's unfinished save nor takes its previous checkpoint left aside by a crash."""
+    other = tmp_path / "ck"
+    saving = checkpoint_dirs.staging_dir(other)  # a save of `ck` in progress
+    aside = checkpoint(tmp_path / ".ck.old-0123456789ab", 7)  # `ck` left aside by a crash between the two renames
+    target = tmp_path / name
+    checkpoint_dirs.recover(target)
+    checkpoint_dirs.publish(checkpoint(checkpoint_dirs.staging_dir(target), 1), target)
+    checkpoint_dirs.publish(checkpoint(checkpoint_dirs.staging_dir(target), 2), target)  # over its own
+    assert step_of(target) == 2 and saving.is_dir() and step_of(aside) == 7
+    checkpoint_dirs.recover(other)  # `ck`'s own recovery still finds its previous checkpoint
+    assert step_of(other) == 7
+    unfinished = checkpoint_dirs.staging_dir(target)  # and the other way round: a save of `name` in progress
+    checkpoint_dirs.publish(checkpoint(checkpoint_dirs.staging_dir(other), 8), other)
+    assert step_of(other) == 8 and unfinished.is_dir() and step_of(target) == 2
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([name, "ck", unfinished.name])
