@@ -150,6 +150,20 @@ class EnvConfig(Strict):
         "(vllm_config.max_seq_len) leaves after the prompt",
     )
     observation_role: str = Field("user", min_length=1, description="the chat role observations are shown as")
+    allow_unsandboxed_code: bool = Field(
+        False,
+        description="let an environment run the model's code without a sandbox, as this user, in the loop's "
+        "process or its children (skyrl_gym ids searchcode, lcb, text2sql, and ids registered elsewhere); "
+        "docs/security.md",
+    )
+
+    @model_validator(mode="after")
+    def _unsandboxed_code_needs_the_flag(self):
+        if self.name == "skyrl_gym" and "id" in self.options:  # refused here, before any engine starts
+            from arctic_rl.envs.skyrl_gym import check_id
+
+            check_id(self.options["id"], self.allow_unsandboxed_code, known=False)
+        return self
 
 
 class FilterGroupsConfig(Strict):

@@ -16,7 +16,10 @@ an observation to show the model as the next message, or done with the episode's
 A recipe that provides an environment registers it when imported (recipes/<name>/__init__.py) and a run names
 it in `env.name`; `make_env(name, options)` builds one per conversation (n per example). Environments run in
 the loop's process, one conversation at a time per call, so they hold no locks; one that runs code the model
-wrote (SQL) is as hostile to it as the single-turn reward is (recipes/text2sql/sandbox.py).
+wrote (SQL) is as hostile to it as the single-turn reward is (recipes/text2sql/sandbox.py), and a child
+process it starts for that code gets arctic_rl.child_env.scrubbed_env(). An environment that runs the model's
+code without a sandbox takes the keyword `allow_unsandboxed_code` (the run's env.allow_unsandboxed_code, false
+by default) and refuses to run that code without it (arctic_rl/envs/skyrl_gym.py).
 """
 
 from __future__ import annotations
@@ -72,8 +75,19 @@ def register_env(name: str):
 BUILTIN = {"skyrl_gym": "arctic_rl.envs.skyrl_gym"}
 
 
-def make_env(name: str, options: dict[str, Any] | None = None) -> Env:
-    """A fresh environment `name` built with `options`; an unknown name is refused naming the registered ones."""
+UNSANDBOXED_FLAG = "allow_unsandboxed_code"
+
+
+def make_env(name: str, options: dict[str, Any] | None = None, *, allow_unsandboxed_code: bool = False) -> Env:
+    """A fresh environment `name` built with `options`; an unknown name is refused naming the registered ones.
+    `allow_unsandboxed_code` (the run's env.allow_unsandboxed_code) reaches the environments whose factory takes
+    that keyword (skyrl_gym: ids that run the model's code); it is never taken from `options`."""
+    options = dict(options or {})
+    if UNSANDBOXED_FLAG in options:
+        raise ConfigError(
+            f"env.options.{UNSANDBOXED_FLAG}={options[UNSANDBOXED_FLAG]!r}: the opt-in is env.{UNSANDBOXED_FLAG} "
+            f"(a field of env, beside env.options); move it there"
+        )
     if name not in ENVS and name in BUILTIN:
         import importlib
 
@@ -85,7 +99,18 @@ def make_env(name: str, options: dict[str, Any] | None = None) -> Env:
             "recipe registers "
             f"its environment when imported: @register_env in recipes/<name>/__init__.py)"
         )
+    if UNSANDBOXED_FLAG in _keywords(factory):
+        options[UNSANDBOXED_FLAG] = allow_unsandboxed_code
     try:
-        return factory(**(options or {}))
+        return factory(**options)
     except TypeError as e:
         raise ConfigError(f"env.options={options!r} do not fit environment {name!r}: {e}") from None
+
+
+def _keywords(factory: Callable) -> set[str]:
+    import inspect
+
+    try:
+        return set(inspect.signature(factory).parameters)
+    except (TypeError, ValueError):  # a builtin or C callable without a signature
+        return set()

@@ -186,7 +186,7 @@ def make_sampler(cfg: RunConfig, client: ArcticRLClient, tokenizer) -> Sample:
             prompts,
             params,
             examples,
-            lambda: make_env(str(e.name), e.options),
+            lambda: make_env(str(e.name), e.options, allow_unsandboxed_code=e.allow_unsandboxed_code),
             template,
             lambda ids: str(tokenizer.decode(ids)),
             max_turns=e.max_turns,

@@ -3,7 +3,8 @@
 Predicted SQL comes from a model under training, so it is treated as hostile: every query runs
 in a worker process (`_sql_worker.py`, standard library only, started with `python -I`) that
 opens the database read-only and immutable behind an allow-list authorizer, a statement gate,
-a timeout and a row cap (the guards are listed in that file). The parent here only moves JSON
+a timeout and a row cap (the guards are listed in that file), with an environment scrubbed of
+secrets (arctic_rl.child_env: no tokens, keys or MLflow URI for a query to read). The parent here only moves JSON
 lines: a query that loops past `timeout_s + grace_s`, or a worker that dies (even by a segfault
 inside SQLite), costs one result of kind "timeout"/"crash"; the worker is killed and replaced,
 and the trainer never notices.
@@ -33,6 +34,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from arctic_rl.child_env import scrubbed_env
+
 WORKER_SCRIPT = Path(__file__).with_name("_sql_worker.py")
 Row = tuple
 
@@ -57,13 +60,15 @@ class _Worker:
         self.proc: subprocess.Popen | None = None
 
     def _start(self) -> subprocess.Popen:
-        # cwd is a private empty folder, so even a relative path that slipped through names nothing.
+        # cwd is a private empty folder, so even a relative path that slipped through names nothing; the
+        # environment is this process's without its secrets (Ray's and arctic-rl's tokens, MLflow's URI, keys).
         return subprocess.Popen(
             [sys.executable, "-I", str(WORKER_SCRIPT), str(self.memory_limit_mb)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
             cwd=self.workdir,
+            env=scrubbed_env(),
             close_fds=True,
         )
 

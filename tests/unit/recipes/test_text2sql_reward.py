@@ -270,6 +270,32 @@ def test_hung_worker_is_killed_and_replaced(db: Path) -> None:
         assert box.worker_pids() != [pid]
 
 
+def test_a_worker_s_environment_carries_no_secret(db: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The loop's environment holds Ray's and arctic-rl's tokens, MLflow's URI, keys; a worker that runs the model's
+    SQL starts without them (read from the kernel's record of the real worker process: its initial os.environ)."""
+    secrets = {
+        "ARCTIC_RL_TOKEN": "arctic-secret-1",
+        "RAY_AUTH_TOKEN": "ray-secret-2",
+        "RAY_AUTH_TOKEN_PATH": "/job/ray-token-3",
+        "MLFLOW_TRACKING_URI": "https://user:mlflow-secret-4@mlflow.example",
+        "MLFLOW_TRACKING_PASSWORD": "mlflow-secret-5",
+        "AWS_SECRET_ACCESS_KEY": "aws-secret-6",
+        "HF_TOKEN": "hf-secret-7",
+        "DATABASE_URL": "postgres://me:db-secret-8@db.example/x",
+    }
+    for name, value in secrets.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("PLAIN_SETTING_KEPT", "kept")
+    with SQLSandbox(num_workers=1) as box:
+        assert box.execute(db, "SELECT 1").rows == ((1,),)  # the worker works with the scrubbed environment
+        (pid,) = box.worker_pids()
+        raw = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    seen = dict(item.decode().partition("=")[::2] for item in raw if item)
+    assert seen["PLAIN_SETTING_KEPT"] == "kept"
+    assert {k: v for k, v in seen.items() if any(s in v for s in secrets.values())} == {}
+    assert not set(secrets) & set(seen)
+
+
 def test_many_queries_in_parallel(box: SQLSandbox, db: Path) -> None:
     queries = [(db, f"SELECT {i}") for i in range(40)] + [(db, LOOP_SQL)]
     results = box.execute_many(queries, timeout_s=1.0)
