@@ -73,7 +73,8 @@ def decode(
         raise ProtocolError(f"message header is not valid JSON: {e}") from None
     blob = data[8 + n :]
     try:
-        tensors = load_tensors(blob) if len(blob) else {}
+        # the tensor part's own JSON header counts against the same cap: it is parsed holding the GIL too
+        tensors = load_tensors(blob, None if max_json_bytes is None else max_json_bytes - n, n) if len(blob) else {}
     except ProtocolError:
         raise
     except Exception as e:  # a corrupt header of any shape
@@ -114,15 +115,22 @@ def _naturals(v: Any, lengths) -> bool:
     return isinstance(v, list) and len(v) in lengths and all(type(x) is int and x >= 0 for x in v)
 
 
-def load_tensors(blob: memoryview) -> dict[str, torch.Tensor]:
+def load_tensors(blob: memoryview, max_header_bytes: int | None = None, tree_bytes: int = 0) -> dict[str, torch.Tensor]:
     """safetensors bytes -> tensors, checked as safetensors checks them (known dtypes, sizes that match the shapes,
     spans that tile the data). Not safetensors.torch.load: it copies every byte holding the GIL, which stalls the
-    HTTP server's event loop for seconds on a large body; here torch copies each tensor, releasing the GIL."""
+    HTTP server's event loop for seconds on a large body; here torch copies each tensor, releasing the GIL.
+    `max_header_bytes`: what is left of server.max_json_bytes after the message's JSON tree (`tree_bytes`), checked
+    before the header is parsed."""
     if len(blob) < 8:
         raise ProtocolError(f"tensor blob of {len(blob)} bytes: too short for its header length")
     (n,) = struct.unpack("<Q", blob[:8])
     if n > len(blob) - 8:
         raise ProtocolError(f"tensor blob header length {n} exceeds the blob ({len(blob) - 8} bytes)")
+    if max_header_bytes is not None and n > max_header_bytes:
+        raise ProtocolError(
+            f"the message's tensor header has {n} bytes of JSON; with its JSON part's {tree_bytes} bytes that is "
+            f"over the limit of {max_header_bytes + tree_bytes} (server.max_json_bytes): send fewer, larger tensors"
+        )
     header = json.loads(bytes(blob[8 : 8 + n]).decode())
     if not isinstance(header, dict):
         raise ProtocolError("tensor blob header is not a JSON object")

@@ -21,9 +21,17 @@ from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
 from starlette.datastructures import Headers
+from starlette.requests import Request
 
 from arctic_rl.config import LOOPBACK, ArcticRLClientConfig
-from arctic_rl.errors import ArcticRLError, ForbiddenError, MediaTypeError, ServerBusyError
+from arctic_rl.errors import (
+    ArcticRLError,
+    ForbiddenError,
+    MediaTypeError,
+    ProtocolError,
+    ServerBusyError,
+    TooLargeError,
+)
 
 WILDCARD = ("0.0.0.0", "::", "")
 UNCAPPED = ("/healthz", "/api/v1/healthz")  # liveness answers even when the server is full
@@ -114,6 +122,27 @@ async def _send_error(send, e: ArcticRLError, extra: list | None = None) -> None
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
     await send({"type": "http.response.start", "status": e.http_status, "headers": headers + (extra or [])})
     await send({"type": "http.response.body", "body": body})
+
+
+async def read_bytes(request: Request, max_body: int, key: str = "server.max_body_bytes") -> bytearray:
+    """The request's body, refused (TooLargeError) once it exceeds `max_body` bytes (the config key `key`), whatever
+    its header says. Not copied into bytes: a copy of a large body on the event loop stalls every other request."""
+    declared = request.headers.get("content-length")
+    if declared is not None and not declared.isdigit():
+        raise ProtocolError(f"bad content-length header {declared[:40]!r}")
+    if declared is not None and int(declared) > max_body:
+        raise TooLargeError(f"request body of {declared} bytes exceeds the server's limit of {max_body} ({key})")
+    body = bytearray()
+    async for chunk in request.stream():  # the header may lie (or be absent): count what arrives
+        body += chunk
+        if len(body) > max_body:
+            raise TooLargeError(f"request body exceeds the server's limit of {max_body} bytes ({key})")
+    return body
+
+
+def json_body_limit(cfg: ArcticRLClientConfig) -> int:
+    """The most bytes of a JSON body (Tinker's JSON routes, OpenAI's): parsing JSON holds the GIL throughout."""
+    return min(cfg.server.max_json_bytes, cfg.server.max_body_bytes)
 
 
 def check_content_type(headers: Headers, accepted: tuple[str, ...]) -> None:

@@ -41,11 +41,18 @@ from arctic_rl.errors import (
     EngineError,
     ProtocolError,
     RequestTimeoutError,
-    TooLargeError,
 )
 from arctic_rl.losses import load_loss_modules
 from arctic_rl.server.deploy import deploy
-from arctic_rl.server.edges import Answer, EdgeGuard, Entry, ResultCache, allowed_hosts, check_content_type
+from arctic_rl.server.edges import (
+    Answer,
+    EdgeGuard,
+    Entry,
+    ResultCache,
+    allowed_hosts,
+    check_content_type,
+    read_bytes,
+)
 from arctic_rl.server.requests import check_request
 
 REQUEST_ID_HEADER = "x-arctic-rl-request-id"
@@ -66,24 +73,6 @@ def _error_answer(e: ArcticRLError) -> Answer:
 
 def _answer_response(a: Answer) -> Response:
     return Response(a.body, status_code=a.status, media_type=a.media_type)
-
-
-async def read_bytes(request: Request, max_body: int) -> bytearray:
-    """The request's body, refused (TooLargeError) once it exceeds `max_body` bytes, whatever its header says.
-    Not copied into bytes: a copy of a large body on the event loop stalls every other request."""
-    declared = request.headers.get("content-length")
-    if declared is not None and not declared.isdigit():
-        raise ProtocolError(f"bad content-length header {declared[:40]!r}")
-    if declared is not None and int(declared) > max_body:
-        raise TooLargeError(
-            f"request body of {declared} bytes exceeds the server's limit of {max_body} (server.max_body_bytes)"
-        )
-    body = bytearray()
-    async for chunk in request.stream():  # the header may lie (or be absent): count what arrives
-        body += chunk
-        if len(body) > max_body:
-            raise TooLargeError(f"request body exceeds the server's limit of {max_body} bytes (server.max_body_bytes)")
-    return body
 
 
 def build_app(handle, cfg: ArcticRLClientConfig, on_shutdown=lambda: None, tinker: bool = False) -> FastAPI:
@@ -191,7 +180,7 @@ def build_app(handle, cfg: ArcticRLClientConfig, on_shutdown=lambda: None, tinke
     if cfg.server.openai:
         from arctic_rl.server import openai_api
 
-        openai_api.mount(app, cfg, _checked_call, lambda request: read_bytes(request, max_body))
+        openai_api.mount(app, cfg, _checked_call)
     return app
 
 

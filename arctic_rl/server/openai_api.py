@@ -38,7 +38,7 @@ from arctic_rl import ops
 from arctic_rl.chat import ObservationTemplate
 from arctic_rl.config import ArcticRLClientConfig
 from arctic_rl.errors import ArcticRLError, AuthError, ProtocolError
-from arctic_rl.server.edges import check_content_type
+from arctic_rl.server.edges import check_content_type, json_body_limit, read_bytes
 
 ROUTE = ops.ROUTE_PREFIX + "/chat/completions"  # OpenAI's path under the base URL .../v1
 CONVERSATIONS = ops.ROUTE_PREFIX + "/conversations/{cid}"
@@ -223,11 +223,8 @@ def _conversation_id(request: Request, req: ChatRequest | None = None) -> str | 
     return cid
 
 
-def mount(
-    app: FastAPI, cfg: ArcticRLClientConfig, call: Callable[[str, dict], Any], read_body: Callable
-) -> OpenAIFront:
-    """Adds the OpenAI routes to `app`; `call(op, args)` runs an op with the /v1 routes' checks; `read_body`
-    reads a request's bytes under the server's size limit."""
+def mount(app: FastAPI, cfg: ArcticRLClientConfig, call: Callable[[str, dict], Any]) -> OpenAIFront:
+    """Adds the OpenAI routes to `app`; `call(op, args)` runs an op with the /v1 routes' checks."""
     front = OpenAIFront(cfg, call)
     token = cfg.auth_token
 
@@ -250,7 +247,8 @@ def mount(
         try:
             check_auth(request)
             check_content_type(request.headers, ("application/json",))
-            body = await read_body(request)
+            # JSON is parsed holding the GIL: capped as the /v1 routes' JSON part is
+            body = await read_bytes(request, json_body_limit(cfg), "server.max_json_bytes")
             try:
                 req = await run_in_threadpool(ChatRequest.model_validate_json, bytes(body))
             except ValidationError as e:

@@ -38,11 +38,11 @@ from tinker.types.checkpoint import ParsedCheckpointTinkerPath
 from tinker.types.try_again_response import TryAgainResponse
 
 from arctic_rl.config import ArcticRLClientConfig, model_vocab_size
-from arctic_rl.errors import ArcticRLError, AuthError, ConfigError, ProtocolError, UnknownNameError
+from arctic_rl.errors import ArcticRLError, AuthError, BatchFormatError, ConfigError, ProtocolError, UnknownNameError
 from arctic_rl.losses import resolve_loss_fn
 from arctic_rl.losses.config import TINKER_LOSSES
 from arctic_rl.server import tinker_convert as conv
-from arctic_rl.server.edges import check_content_type
+from arctic_rl.server.edges import check_content_type, json_body_limit, read_bytes
 from arctic_rl.server.requests import check_request
 
 PREFIX = "/api/v1"
@@ -467,9 +467,19 @@ class TinkerFront:
 
     def check_sample(self, req: types.SampleRequest) -> None:
         """The generate op's checks (num_samples within server.max_n, the prompt's length and token ids), when the
-        request is sent: a refused request gets a 4xx, not a future."""
+        request is sent: a refused request gets a 4xx, not a future. The prompt's length first, from its chunks' lengths:
+        an over-long prompt is refused before its tokens are walked."""
+        limit = self.cfg.vllm_config.max_seq_len
+        if limit is not None and req.prompt.length >= limit:
+            raise BatchFormatError(
+                f"prompt has {req.prompt.length} tokens; the sampler takes fewer than vllm_config.max_seq_len={limit}"
+            )
+        try:
+            prompt = req.prompt.to_ints()
+        except ValueError as e:  # image chunks
+            raise BatchFormatError(f"prompt: {e}") from None
         params = conv.sampling_params(req.sampling_params, req.num_samples)
-        check_request("generate", {"prompts": [req.prompt.to_ints()], "sampling_params": params}, self.cfg, self.vocab)
+        check_request("generate", {"prompts": [prompt], "sampling_params": params}, self.cfg, self.vocab)
 
     def run_sample(self, req: types.SampleRequest) -> Proto:
         self.sampler(req.sampling_session_id)
@@ -532,9 +542,13 @@ def mount(
             async def handler(request: Request):
                 try:
                     check_auth(request)
+                    body: bytes | bytearray = b""
                     if method == "POST":  # the SDK's own types only (a browser's text/plain POST is refused)
                         check_content_type(request.headers, ("application/json", PROTO))
-                    body = await read_body(request) if method == "POST" else b""
+                        if request.headers.get("content-type", "").split(";")[0].strip().lower() == PROTO:
+                            body = await read_body(request)
+                        else:  # JSON is parsed holding the GIL: capped as the /v1 routes' JSON part is
+                            body = await read_bytes(request, json_body_limit(cfg), "server.max_json_bytes")
                     out = await fn(request, body)
                 except ArcticRLError as e:
                     return JSONResponse({"detail": str(e), "type": type(e).__name__}, status_code=e.http_status)
@@ -686,7 +700,8 @@ def mount(
                 raise ConfigError(f"{what} is not supported by this server")
         if req.target_prompt_logprobs is not None or req.prompt_logprobs_last_n is not None:
             raise ConfigError("target_prompt_logprobs / prompt_logprobs_last_n are not supported by this server")
-        front.check_sample(req)  # before sample_sequence_ids, which num_samples sizes
+        # before sample_sequence_ids, which num_samples sizes; off the event loop: it walks the prompt's tokens
+        await run_in_threadpool(front.check_sample, req)
         session = _session_of(req.sampling_session_id or "")
         out = front.submit(front.sample, lambda: front.run_sample(req), session=session)
         out["sample_sequence_ids"] = [f"{out['request_id']}:{k}" for k in range(req.num_samples)]

@@ -330,3 +330,103 @@ def test_the_result_cache_is_bounded_by_count_bytes_and_age(monkeypatch):
         running.answer.cancel()
 
     asyncio.run(scenario())
+
+
+# -- parsing that holds the GIL is capped on every front --------------------------------------------------------
+
+
+def _model_config(model, **server) -> ArcticRLClientConfig:
+    return ArcticRLClientConfig(
+        model_name=str(model),
+        comm_protocol="http",
+        vllm_config={"max_seq_len": 512},
+        server={"max_n": 8, "max_batch_rows": 64, **server},
+    )
+
+
+def test_the_tensor_parts_json_header_counts_against_max_json_bytes():
+    """The safetensors header inside a /v1 message is JSON too, parsed holding the GIL: a message whose JSON tree is
+    small but whose tensor header is 20 KB is refused with max_json_bytes=1024, naming it (main took it)."""
+    import struct
+
+    from fastapi.testclient import TestClient
+    from safetensors.torch import save as st_save
+
+    from arctic_rl.server.http import build_app
+
+    app = TestClient(build_app(None, config(max_json_bytes=1024)), base_url="http://127.0.0.1:7000")
+    tree = json.dumps({"batch": {"__tensor__": "t0"}}).encode()
+    blob = st_save({"t0": torch.zeros(2, dtype=torch.int64)}, metadata={"pad": "x" * 20_000})
+    body = struct.pack("<Q", len(tree)) + tree + blob
+    r = app.post("/v1/log_probs", content=body, headers={"content-type": wire.CONTENT_TYPE})
+    assert r.status_code == 400 and r.json()["type"] == "ProtocolError", r.text[:300]
+    assert "server.max_json_bytes" in r.json()["message"] and "1024" in r.json()["message"], r.text[:300]
+    # within the cap, the same layout decodes (and is then checked as a request)
+    small = struct.pack("<Q", len(tree)) + tree + st_save({"t0": torch.zeros(2, dtype=torch.int64)})
+    r = app.post("/v1/log_probs", content=small, headers={"content-type": wire.CONTENT_TYPE})
+    assert r.status_code == 422 and "max_json_bytes" not in r.json()["message"], r.text[:300]
+
+
+def test_tinker_and_openai_json_bodies_are_capped_at_max_json_bytes(tiny_llama):
+    """A Tinker JSON body and an OpenAI chat body over server.max_json_bytes are refused (413) naming it, before
+    they are parsed; main capped them at max_body_bytes only (1 GiB). Protobuf Tinker bodies keep max_body_bytes."""
+    from fastapi.testclient import TestClient
+
+    from arctic_rl.server.http import build_app
+
+    cfg = _model_config(tiny_llama, max_json_bytes=1024, openai=True)
+    app = TestClient(build_app(None, cfg, tinker=True), base_url="http://127.0.0.1:7000")
+    fat = {"tags": ["t" * 100] * 20, "user_metadata": None, "sdk_version": "0.38.0"}
+    r = app.post("/api/v1/create_session", json=fat)
+    assert r.status_code == 413 and "server.max_json_bytes" in r.json()["detail"], r.text[:300]
+    r = app.post("/api/v1/create_session", json={**fat, "tags": []})
+    assert r.status_code == 200, r.text[:300]
+    chat = {"model": "m", "messages": [{"role": "user", "content": "x" * 2000}], "max_tokens": 4}
+    r = app.post("/v1/chat/completions", json=chat)
+    assert r.status_code == 413 and "server.max_json_bytes" in r.json()["error"]["message"], r.text[:300]
+
+
+def test_asample_checks_its_prompt_off_the_event_loop_and_its_length_first(tiny_llama, monkeypatch):
+    """asample's prompt checks walk every token: they run in a worker thread, not on the event loop (main ran them on
+    the loop), and an over-long prompt is refused by its length before its tokens are walked (main walked them
+    first, and named a bad token id instead)."""
+    from fastapi import FastAPI
+    from fastapi.testclient import TestClient
+    from tinker import types
+
+    from arctic_rl.server import tinker_api
+    from arctic_rl.server.http import read_bytes
+
+    cfg = _model_config(tiny_llama)
+    app = FastAPI()
+    tinker_api.mount(app, cfg, lambda op, args: [], lambda r: read_bytes(r, cfg.server.max_body_bytes))
+    client = TestClient(app)
+    where: list[str] = []
+    check = tinker_api.TinkerFront.check_sample
+
+    def spy(self, req):
+        try:
+            asyncio.get_running_loop()
+            where.append("event loop")
+        except RuntimeError:
+            where.append("worker thread")
+        return check(self, req)
+
+    monkeypatch.setattr(tinker_api.TinkerFront, "check_sample", spy)
+    r = client.post("/api/v1/create_session", json={"tags": [], "user_metadata": None, "sdk_version": "0.38.0"})
+    session = r.json()["session_id"]
+    r = client.post(
+        "/api/v1/create_sampling_session",
+        json={"session_id": session, "sampling_session_seq_id": 0, "base_model": str(tiny_llama)},
+    )
+    body = {
+        "sampling_session_id": r.json()["sampling_session_id"],
+        "seq_id": 0,
+        "num_samples": 1,
+        "prompt": types.ModelInput.from_ints([1] * 511 + [10**6]).model_dump(mode="json"),  # 512 tokens, one bad
+        "sampling_params": {"max_tokens": 4},
+    }
+    r = client.post("/api/v1/asample", json=body)
+    assert r.status_code == 422 and "has 512 tokens" in r.json()["detail"], r.text[:300]
+    assert "max_seq_len=512" in r.json()["detail"]
+    assert where == ["worker thread"]
