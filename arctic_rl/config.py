@@ -251,6 +251,24 @@ class ServerConfig(Strict):
         description=("most rows in one request: batch rows, generate's prompts x n, sampler_log_probs' sequences"),
     )
     max_body_bytes: int = Field(1 << 30, ge=1024, description="largest HTTP request body")
+    # 64 concurrent requests of max_body_bytes each would hold 64 GiB: bodies held at once are bounded too.
+    max_inflight_body_bytes: int | None = Field(
+        None,
+        ge=1024,
+        description="bytes of request bodies held at once by all requests in flight (counted from their "
+        "content-length, else as they arrive); one more is a 503. None: 2 x max_body_bytes",
+    )
+    # One generate's work: every sample is a sequence the sampler decodes (and a copy of its prompt it answers).
+    max_request_tokens: int = Field(
+        1 << 26,
+        ge=1,
+        description="output budget of one generate request: prompts x n x max_tokens (vLLM's 16 when unset)",
+    )
+    # vLLM checks every stop string against every new token of every sequence: 100k of them cost 40 ms a token.
+    max_stops: int = Field(
+        64, ge=1, description="most entries of a generate request's sampling_params 'stop' (and of 'stop_token_ids')"
+    )
+    max_stop_chars: int = Field(256, ge=1, description="longest string in sampling_params 'stop', in characters")
     max_prompt_chars: int | None = Field(
         None,
         ge=1,
@@ -303,6 +321,20 @@ class ServerConfig(Strict):
     )
     result_cache_bytes: int = Field(256 << 20, ge=0, description="bytes of such answers kept (oldest go first)")
     result_cache_age_s: float = Field(600.0, gt=0, description="seconds such an answer is kept for a retry")
+
+    @model_validator(mode="after")
+    def _body_budget_holds_a_body(self):
+        if self.max_inflight_body_bytes is not None and self.max_inflight_body_bytes < self.max_body_bytes:
+            raise ValueError(
+                f"max_inflight_body_bytes={self.max_inflight_body_bytes} is below max_body_bytes="
+                f"{self.max_body_bytes}: a body the server takes could never be read; raise it or lower max_body_bytes"
+            )
+        return self
+
+    @property
+    def inflight_body_bytes(self) -> int:
+        """max_inflight_body_bytes, its default filled in."""
+        return self.max_inflight_body_bytes or 2 * self.max_body_bytes
 
     def resolved(self) -> ServerConfig:
         """checkpoint_root as an absolute path, its default filled in (run where the deployment starts)."""

@@ -3,7 +3,8 @@
 - `EdgeGuard` (ASGI middleware): the Host header must name the bound address (or server.allowed_hosts; on loopback
   also localhost), so a web page whose DNS name was rebound to 127.0.0.1 is refused; a browser request from
   another site (an Origin naming another host, or Sec-Fetch-Site cross-site / same-site) is refused; at most
-  server.max_concurrent_requests requests are in flight (/healthz aside), one more is a 503.
+  server.max_concurrent_requests requests are in flight (/healthz aside), one more is a 503; the bodies they hold
+  together are bounded by server.max_inflight_body_bytes (read_bytes reserves, one more is a 503).
 - `check_content_type`: a route takes only its own body type (the wire's; JSON or protobuf on the Tinker routes),
   so a browser's cross-site form or text/plain POST, which needs no CORS preflight, never reaches an op.
 - `ResultCache`: the answers of requests that carried an id, kept by count, bytes and age, so a retry of a
@@ -89,12 +90,49 @@ def error_response_body(e: ArcticRLError) -> bytes:
     return json.dumps({"type": type(e).__name__, "message": str(e), "detail": str(e)}).encode()
 
 
-class EdgeGuard:
-    """ASGI middleware: the Host / Origin checks and the concurrency cap (see the module docstring)."""
+BODY_TICKET = "arctic_rl.body_ticket"  # the scope key of a request's BodyTicket
 
-    def __init__(self, app, hosts: frozenset[str] | None, max_concurrent: int):
+
+class BodyBudget:
+    """Bytes of request bodies held at once by all requests in flight (server.max_inflight_body_bytes). Used from
+    the event loop only."""
+
+    def __init__(self, limit: int):
+        self.limit, self.held = limit, 0
+
+
+class BodyTicket:
+    """One request's share of the BodyBudget: reserved by read_bytes (its content-length, else what has arrived),
+    given back by EdgeGuard when the request ends."""
+
+    def __init__(self, budget: BodyBudget):
+        self.budget, self.held = budget, 0
+
+    def reserve(self, total: int) -> None:
+        more = total - self.held
+        if more <= 0:
+            return
+        b = self.budget
+        if b.held + more > b.limit:
+            raise ServerBusyError(
+                f"requests in flight hold {b.held} bytes of bodies; this one's {total} bytes would exceed the "
+                f"server's limit of {b.limit} (server.max_inflight_body_bytes): nothing ran, send it again later"
+            )
+        b.held += more
+        self.held += more
+
+    def release(self) -> None:
+        self.budget.held -= self.held
+        self.held = 0
+
+
+class EdgeGuard:
+    """ASGI middleware: the Host / Origin checks, the concurrency cap and the body budget (module docstring)."""
+
+    def __init__(self, app, hosts: frozenset[str] | None, max_concurrent: int, max_body_in_flight: int | None = None):
         self.app, self.hosts, self.max_concurrent = app, hosts, max_concurrent
         self.in_flight = 0
+        self.bodies = BodyBudget(max_body_in_flight) if max_body_in_flight is not None else None
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
@@ -111,10 +149,15 @@ class EdgeGuard:
             )
             return await _send_error(send, busy, [(b"retry-after", b"1")])
         self.in_flight += 1
+        ticket = None
+        if self.bodies is not None:
+            ticket = scope[BODY_TICKET] = BodyTicket(self.bodies)
         try:
             await self.app(scope, receive, send)
         finally:
             self.in_flight -= 1
+            if ticket is not None:
+                ticket.release()
 
 
 async def _send_error(send, e: ArcticRLError, extra: list | None = None) -> None:
@@ -132,11 +175,16 @@ async def read_bytes(request: Request, max_body: int, key: str = "server.max_bod
         raise ProtocolError(f"bad content-length header {declared[:40]!r}")
     if declared is not None and int(declared) > max_body:
         raise TooLargeError(f"request body of {declared} bytes exceeds the server's limit of {max_body} ({key})")
+    ticket: BodyTicket | None = request.scope.get(BODY_TICKET)  # the bodies all requests hold (EdgeGuard)
+    if ticket is not None and declared is not None:
+        ticket.reserve(int(declared))
     body = bytearray()
     async for chunk in request.stream():  # the header may lie (or be absent): count what arrives
         body += chunk
         if len(body) > max_body:
             raise TooLargeError(f"request body exceeds the server's limit of {max_body} bytes ({key})")
+        if ticket is not None:
+            ticket.reserve(len(body))
     return body
 
 

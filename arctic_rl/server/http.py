@@ -81,7 +81,12 @@ def build_app(handle, cfg: ArcticRLClientConfig, on_shutdown=lambda: None, tinke
     API (arctic_rl/server/tinker_api.py) under /api/v1."""
     load_loss_modules(cfg.server.loss_modules)  # the names its checks accept are the controller's
     app = FastAPI(title="arctic-rl", version="0.1.0")
-    app.add_middleware(EdgeGuard, hosts=allowed_hosts(cfg), max_concurrent=cfg.server.max_concurrent_requests)
+    app.add_middleware(
+        EdgeGuard,
+        hosts=allowed_hosts(cfg),
+        max_concurrent=cfg.server.max_concurrent_requests,
+        max_body_in_flight=cfg.server.inflight_body_bytes,
+    )
     token = cfg.auth_token
     max_body = cfg.server.max_body_bytes
     vocab = model_vocab_size(cfg.model_name, cfg.model_overrides)  # token ids are checked here too

@@ -254,6 +254,42 @@ def test_requests_over_the_concurrency_cap_get_503_and_healthz_still_answers():
             slow.close()
 
 
+def test_bodies_held_at_once_are_bounded_across_requests():
+    """A request whose body would take the bodies held by requests in flight past server.max_inflight_body_bytes is
+    a 503 naming it (main took every body: 64 of 1 GiB); once the holder is gone the same request is served."""
+    cfg = config(port=free_port(), max_body_bytes=4096, max_inflight_body_bytes=4096)
+    with Served(cfg) as srv:
+        # A client that declares 3000 bytes and sends 100 holds its share meanwhile.
+        slow = socket.create_connection(("127.0.0.1", cfg.port))
+        head = (
+            f"POST /v1/save_checkpoint HTTP/1.1\r\nHost: 127.0.0.1:{cfg.port}\r\ncontent-type: {wire.CONTENT_TYPE}\r\n"
+        )
+        slow.sendall(f"{head}content-length: 3000\r\n\r\n".encode() + b"x" * 100)
+        body = wire.encode({"path": 5, "pad": "p" * 1500})  # 4xx past the edges: an unknown argument
+        headers = {"content-type": wire.CONTENT_TYPE}
+        try:
+            deadline = time.time() + 30
+            while True:  # until the server took the slow request in
+                r = httpx.post(f"{srv.base}/v1/save_checkpoint", content=body, headers=headers, timeout=10)
+                if r.status_code == 503 or time.time() > deadline:
+                    break
+                time.sleep(0.05)
+            assert r.status_code == 503 and r.json()["type"] == "ServerBusyError", r.text[:300]
+            assert "server.max_inflight_body_bytes" in r.json()["message"] and "4096" in r.json()["message"]
+            small = wire.encode({"path": 5})  # fits beside the slow one's 3000 bytes
+            r = httpx.post(f"{srv.base}/v1/save_checkpoint", content=small, headers=headers, timeout=10)
+            assert r.status_code == 422, r.text[:300]
+        finally:
+            slow.close()
+        deadline = time.time() + 30
+        while True:  # the slow one's share is given back when its request ends
+            r = httpx.post(f"{srv.base}/v1/save_checkpoint", content=body, headers=headers, timeout=10)
+            if r.status_code != 503 or time.time() > deadline:
+                break
+            time.sleep(0.05)
+        assert 400 <= r.status_code < 500 and r.status_code != 503, r.text[:300]
+
+
 # -- request ids: the client sends one and sends it again; the server keeps answers within bounds ----------------
 
 
