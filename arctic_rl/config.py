@@ -316,6 +316,22 @@ class ServerConfig(Strict):
     max_concurrent_requests: int = Field(
         64, ge=1, description="HTTP requests in flight at once (/healthz aside); one more is answered 503"
     )
+    # uvicorn closes a kept-alive connection after an answer, but never one that has not sent a (whole) request head.
+    http_head_timeout_s: float = Field(
+        10.0,
+        gt=0,
+        allow_inf_nan=False,
+        description="an HTTP connection that has not sent a whole request head this long after it opened (or "
+        "after its last answer) is closed",
+    )
+    # Every open connection holds a socket and its buffers, with or without a request.
+    max_connections: int = Field(
+        1024, ge=1, description="open HTTP connections at once; one more is answered 503 and closed"
+    )
+    # httptools (uvicorn's default parser) has no limit of its own on a request head.
+    max_head_bytes: int = Field(
+        64 << 10, ge=1024, description="largest HTTP request head (request line and headers); more is a 413, closed"
+    )
     result_cache_entries: int = Field(
         1024, ge=1, description="answers of requests with an id kept so a retry gets the answer, not a second run"
     )

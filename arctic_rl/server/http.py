@@ -52,6 +52,7 @@ from arctic_rl.server.edges import (
     allowed_hosts,
     check_content_type,
     read_bytes,
+    uvicorn_config,
 )
 from arctic_rl.server.requests import check_request
 
@@ -360,7 +361,8 @@ def main(argv: list[str]) -> int:
     app = build_app(handle, cfg, on_shutdown=stop, tinker=a.tinker)
     print(f"ARCTIC_RL_CONFIG {cfg.to_json()}", flush=True)
     print(f"[arctic-rl] serving job {cfg.job_id} on http://{cfg.host}:{cfg.port}", flush=True)
-    server = uvicorn.Server(uvicorn.Config(app, host=cfg.host, port=cfg.port, log_level="warning"))
+    # the connection limits (server.http_head_timeout_s, max_connections, max_head_bytes) are uvicorn_config's
+    server = uvicorn.Server(uvicorn_config(app, cfg, log_level="warning"))
     server.run(sockets=[sock])
     return 0
 

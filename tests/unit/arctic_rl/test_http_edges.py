@@ -48,11 +48,11 @@ class Served:
     def __init__(self, cfg: ArcticRLClientConfig, tinker: bool = False):
         import uvicorn
 
-        from arctic_rl.server.http import build_app
+        from arctic_rl.server.http import build_app, uvicorn_config
 
         self.cfg, self.base = cfg, f"http://127.0.0.1:{cfg.port}"
         app = build_app(None, cfg, tinker=tinker)
-        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=cfg.port, log_level="warning"))
+        self.server = uvicorn.Server(uvicorn_config(app, cfg, log_level="warning"))  # as `arctic-rl serve` runs it
         self.thread = threading.Thread(target=self.server.run, daemon=True)
 
     def __enter__(self):
@@ -288,6 +288,71 @@ def test_bodies_held_at_once_are_bounded_across_requests():
                 break
             time.sleep(0.05)
         assert 400 <= r.status_code < 500 and r.status_code != 503, r.text[:300]
+
+
+# -- connections: a head timeout, a connection limit, a head size limit -----------------------------------------
+
+
+def _closed_by_server(s: socket.socket) -> bytes:
+    """What the server sent before it closed `s` (b"" for nothing); a socket timeout if it never closes it."""
+    s.settimeout(60)
+    got = b""
+    while chunk := s.recv(65536):
+        got += chunk
+    return got
+
+
+def test_connections_that_send_no_whole_head_are_closed():
+    """Connections that send nothing, or half a request head, are closed after server.http_head_timeout_s (main kept
+    all of them open for good); a request on a new connection is served meanwhile."""
+    cfg = config(port=free_port(), http_head_timeout_s=0.5)
+    with Served(cfg) as srv:
+        idle = [socket.create_connection(("127.0.0.1", cfg.port)) for _ in range(10)]
+        half = socket.create_connection(("127.0.0.1", cfg.port))
+        half.sendall(f"POST /v1/health HTTP/1.1\r\nHost: 127.0.0.1:{cfg.port}\r\ncontent-".encode())
+        try:
+            assert httpx.get(f"{srv.base}/healthz", timeout=10).status_code == 200
+            for s in [*idle, half]:
+                assert _closed_by_server(s) == b""
+        finally:
+            for s in [*idle, half]:
+                s.close()
+        with httpx.Client(base_url=srv.base, timeout=10) as client:  # a kept-alive client's requests still pass
+            assert [client.get("/healthz").status_code for _ in range(3)] == [200] * 3
+
+
+def test_connections_past_the_limit_and_heads_past_their_size_are_refused_naming_the_limit():
+    """One connection past server.max_connections is answered 503 naming it and closed (main accepted and kept every
+    one); a request head past server.max_head_bytes is a 413 naming it, closed (main's httptools parser has no head
+    limit). Once connections close, new ones are served."""
+    cfg = config(port=free_port(), max_connections=4, max_head_bytes=2048)
+    with Served(cfg) as srv:
+        held = [socket.create_connection(("127.0.0.1", cfg.port)) for _ in range(4)]
+        extra = socket.create_connection(("127.0.0.1", cfg.port))
+        try:
+            got = _closed_by_server(extra)
+            assert got.startswith(b"HTTP/1.1 503") and b"server.max_connections=4" in got, got[:300]
+        finally:
+            extra.close()
+            for s in held:
+                s.close()
+        deadline = time.time() + 30
+        while True:  # the held ones are gone once the server saw them close
+            try:
+                r = httpx.get(f"{srv.base}/healthz", timeout=10)
+            except httpx.TransportError:
+                r = None
+            if r is not None and r.status_code == 200 or time.time() > deadline:
+                break
+            time.sleep(0.05)
+        assert r is not None and r.status_code == 200
+        big = socket.create_connection(("127.0.0.1", cfg.port))
+        try:
+            big.sendall(f"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1:{cfg.port}\r\n".encode() + b"x-pad: y\r\n" * 400)
+            got = _closed_by_server(big)
+            assert got.startswith(b"HTTP/1.1 413") and b"server.max_head_bytes" in got, got[:300]
+        finally:
+            big.close()
 
 
 # -- request ids: the client sends one and sends it again; the server keeps answers within bounds ----------------
