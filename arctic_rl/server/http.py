@@ -115,11 +115,13 @@ def build_app(handle, cfg: ArcticRLClientConfig, on_shutdown=lambda: None, tinke
         return {"ok": True, "job_id": cfg.job_id}
 
     @app.get(handshake.PROOF_ROUTE)
-    async def prove(nonce: str = ""):
-        """HMAC(token, nonce): the client's check that it reached the server holding its token."""
+    async def prove(request: Request, nonce: str = ""):
+        """HMAC(token, nonce) over the address and port this connection reached (its local end): the client's check
+        that it reached the server holding its token, directly."""
         if not handshake.NONCE.fullmatch(nonce):
             return JSONResponse({"type": "ProtocolError", "message": "nonce must be 32-128 hex digits"}, 400)
-        return {"proof": handshake.proof(token, nonce, cfg.port) if token else None}
+        host, port = request.scope.get("server") or ("", cfg.port)
+        return {"proof": handshake.proof(token, nonce, str(host), int(port)) if token else None}
 
     def endpoint(op: ops.Op):
         async def call(request: Request):

@@ -45,13 +45,13 @@ class Served:
     """build_app(None, cfg) served by uvicorn in a thread on cfg's port (a request that got past every check would
     fail at handle None: the tests send none such)."""
 
-    def __init__(self, cfg: ArcticRLClientConfig, tinker: bool = False):
+    def __init__(self, cfg: ArcticRLClientConfig, tinker: bool = False, handle=None):
         import uvicorn
 
         from arctic_rl.server.http import build_app, uvicorn_config
 
         self.cfg, self.base = cfg, f"http://127.0.0.1:{cfg.port}"
-        app = build_app(None, cfg, tinker=tinker)
+        app = build_app(handle, cfg, tinker=tinker)
         self.server = uvicorn.Server(uvicorn_config(app, cfg, log_level="warning"))  # as `arctic-rl serve` runs it
         self.thread = threading.Thread(target=self.server.run, daemon=True)
 
@@ -146,7 +146,7 @@ class Squatter:
     """A plain HTTP server on a port the client means to reach, without the token: answers /healthz, makes up a
     proof (or relays the nonce to `relay_to`), records every request."""
 
-    def __init__(self, relay_to: str | None = None):
+    def __init__(self, relay_to: str | None = None, port: int = 0):
         self.requests: list[tuple[str, str, dict, bytes]] = []
         outer = self
 
@@ -180,7 +180,7 @@ class Squatter:
                 self._record()
                 self._answer({})
 
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", port), Handler)
         self.port = self.server.server_address[1]
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
@@ -210,14 +210,15 @@ def test_a_squatter_on_the_port_never_gets_the_token_or_data():
 
 
 def test_a_squatter_relaying_the_challenge_to_the_real_server_is_refused_and_the_real_one_passes():
-    from arctic_rl.client.http_transport import HttpTransport, authenticate
+    from arctic_rl.client.http_transport import HttpTransport, proving_transport
 
     cfg = config(port=free_port(), token=TOKEN)
     with Served(cfg) as srv:
-        with httpx.Client(base_url=srv.base) as http:
-            authenticate(http, TOKEN, cfg.port)  # the real server proves it
+        with httpx.Client(base_url=srv.base, transport=proving_transport(TOKEN)) as http:
+            assert http.get("/healthz").status_code == 200  # the real server proves it
+        with httpx.Client(base_url=srv.base, transport=proving_transport("another-token")) as http:
             with pytest.raises(AuthError):
-                authenticate(http, "another-token", cfg.port)
+                http.get("/healthz")
         squatter = Squatter(relay_to=srv.base)  # gets the real server's proof, for the real server's port
         try:
             with pytest.raises(AuthError, match="did not prove"):
@@ -226,6 +227,120 @@ def test_a_squatter_relaying_the_challenge_to_the_real_server_is_refused_and_the
             squatter.close()
     _assert_never_got_the_token(squatter)
     assert any(p.startswith("/auth/proof") for _, p, _, _ in squatter.requests)
+
+
+class Controller:
+    """What the client's start-up asks the controller (`reconnect_config`, `health`), answered without engines."""
+
+    def __init__(self, cfg: ArcticRLClientConfig):
+        self.cfg, self.dispatch, self.ops = cfg, self, []
+
+    def remote(self, op: str, args: dict):
+        import concurrent.futures
+        import types
+
+        self.ops.append(op)
+        done: concurrent.futures.Future = concurrent.futures.Future()
+        done.set_result(self.cfg.to_json() if op == "reconnect_config" else {"ok": True})
+        return types.SimpleNamespace(future=lambda: done)
+
+
+class Relay:
+    """Another user's listener on [::1]:port, beside a server on 127.0.0.1:port: every connection relayed byte
+    for byte to the server (the proof exchange included), what the client sends recorded."""
+
+    def __init__(self, port: int):
+        self.sock = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)
+        self.sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+        self.sock.bind(("::1", port))
+        self.sock.listen()
+        self.port, self.received, self.connections = port, bytearray(), 0
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self):
+        while True:
+            try:
+                client, _ = self.sock.accept()
+            except OSError:
+                return
+            self.connections += 1
+            upstream = socket.create_connection(("127.0.0.1", self.port))
+            threading.Thread(target=self._pump, args=(client, upstream, True), daemon=True).start()
+            threading.Thread(target=self._pump, args=(upstream, client, False), daemon=True).start()
+
+    def _pump(self, src: socket.socket, dst: socket.socket, record: bool):
+        try:
+            while data := src.recv(65536):
+                if record:
+                    self.received += data
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for s in (src, dst):
+                try:
+                    s.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+    def close(self):
+        self.sock.close()
+
+
+def ipv6_loopback() -> bool:
+    try:
+        with socket.socket(socket.AF_INET6) as s:
+            s.bind(("::1", 0))
+        return True
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not ipv6_loopback(), reason="no IPv6 loopback (::1) on this machine: the relay cannot listen there")
+def test_a_relay_on_the_other_loopback_address_of_the_port_never_gets_the_token():
+    """The server on 127.0.0.1:P; another user's listener on [::1]:P, relaying every byte to it. A client that
+    reaches [::1]:P (what `localhost` or any dual-stack name resolves to first on many machines) got the real
+    server's proof for port P through the relay, and sent its token. The proof names the address too: refused."""
+    from arctic_rl.client.http_transport import HttpTransport
+
+    cfg = config(port=free_port(), token=TOKEN)
+    with Served(cfg, handle=Controller(cfg)):
+        relay = Relay(cfg.port)
+        try:
+            client = config(port=cfg.port, token=TOKEN).model_copy(update={"host": "[::1]", "job_id": "job-relayed"})
+            with pytest.raises(AuthError, match=r"server at \[::1\]:\d+ .*did not prove"):
+                HttpTransport(client)
+        finally:
+            relay.close()
+        assert relay.connections and b"/auth/proof" in relay.received  # the client did reach the relay
+        assert TOKEN.encode() not in relay.received and b"/v1/" not in relay.received
+        direct = HttpTransport(cfg.model_copy(update={"job_id": "job-direct"}))  # 127.0.0.1: the server itself
+        assert direct.config.job_id == cfg.job_id
+        direct.close()
+
+
+def test_a_reconnect_proves_the_server_again_before_the_token_goes():
+    """The proof holds for one connection: once it drops, the next one proves itself again before any request goes
+    on it. The server stops and another process takes its address and port: the client's next call reaches it, and
+    it gets a nonce and nothing else. The server back on the port: the client goes on."""
+    from arctic_rl.client.http_transport import HttpTransport
+
+    cfg = config(port=free_port(), token=TOKEN)
+    controller = Controller(cfg)
+    with Served(cfg, handle=controller):
+        client = HttpTransport(cfg.model_copy(update={"job_id": "job-reconnected"}))
+        assert client.call("health") == {"ok": True}
+    squatter = Squatter(port=cfg.port)  # the same address and port, now another process's
+    try:
+        with pytest.raises(AuthError, match="did not prove"):
+            client.call("health")
+    finally:
+        squatter.close()
+    _assert_never_got_the_token(squatter)
+    with Served(cfg, handle=controller):
+        assert client.call("health") == {"ok": True}
+    client.close()
+    assert controller.ops == ["reconnect_config", "health", "health"]
 
 
 # -- work off the event loop; the concurrency cap ---------------------------------------------------------------
