@@ -226,6 +226,28 @@ class ServerConfig(Strict):
         description="HTTP deployments: also answer OpenAI's /v1/chat/completions from the sampler and record each "
         "conversation's exact tokens for training (arctic_rl/server/openai_api.py; `arctic-rl serve --openai`)",
     )
+    # The OpenAI front's state, which callers grow, and its threads (arctic_rl/server/openai_api.py).
+    # Records are the callers' to grow (20 refused requests once left 27 MB): bounded by what they hold, not count.
+    openai_max_record_tokens: int = Field(
+        1 << 24,
+        ge=1,
+        description="tokens held by all recorded OpenAI conversations (about 25 bytes each); past it the least "
+        "recently used records are dropped",
+    )
+    # A request queued behind its conversation's running one would hold a thread for as long as that one runs.
+    openai_conversation_wait_s: float = Field(
+        5.0,
+        ge=0,
+        allow_inf_nan=False,
+        description="how long an OpenAI request waits for the running request of its conversation; then a 503",
+    )
+    # Each completion blocks a thread for its whole generate: on a pool of their own, not the server's shared one.
+    openai_max_concurrent: int = Field(
+        32,
+        ge=1,
+        description="OpenAI chat completions run at once, each on a thread of its own pool for its whole generate "
+        "(more wait for one), so they never hold the threads the other routes need",
+    )
     allow_imports: bool = Field(
         False,
         description=(
