@@ -17,7 +17,8 @@ Shapes legend: B rows, T = P + R total columns, P prompt columns, R response col
   rollout_policy_version [B, R] int optional; the policy version that sampled each response token (partial
                                     rollouts, arctic_rl/rollout/partial.py); -1 on padding; no op reads it
   routed_experts   [B, T, L, k] int16/32/64 optional; per token and decoder layer, the k experts the sampler routed it
-                                    to (router replay, arctic_rl/router_replay.py); -1 where none
+                                    to (router replay, arctic_rl/router_replay.py); -1 where none; L, k and the
+                                    ids (< experts) the model's (BatchLimits.routing)
   uid              [B]      str     the prompt group of each row (a list of strings, or ints)
 
 No other key is accepted; each row's tokens (prompt + response) are at most the deployment's max_seq_len, and
@@ -63,6 +64,20 @@ class BatchLimits:
 
     vocab: int | None = None
     max_seq_len: int | None = None
+    routing: RoutingShape | None = None  # the model's MoE routing, for routed_experts (router replay)
+
+
+@dataclass(frozen=True)
+class RoutingShape:
+    """What `routed_experts` [B, T, layers, k] must fit: the model's decoder layers, the experts each token is routed
+    to, and the experts an id may name ([0, experts); -1 for none). Names: the HF config keys they come from."""
+
+    layers: int
+    top_k: int
+    experts: int
+    layers_key: str = "num_hidden_layers"
+    top_k_key: str = "num_experts_per_tok"
+    experts_key: str = "num_experts"
 
 
 def _shape(x) -> str:
@@ -116,6 +131,8 @@ def validate_batch(
             raise BatchError(f"batch['routed_experts'] must be [B={B}, T={T}, layers, k], got shape {_shape(routed)}")
         if routed.numel() and int(routed.min()) < -1:
             raise BatchError(f"batch['routed_experts'] holds {int(routed.min())}: expert ids are >= 0, -1 for none")
+        if limits is not None and limits.routing is not None:
+            check_routing(routed, limits.routing)
     if "advantages" in batch and tuple(batch["advantages"].shape) not in ((B, R), (B,)):
         raise BatchError(f"batch['advantages'] must have shape [{B}, {R}] or [{B}], got {_shape(batch['advantages'])}")
     if not torch.equal(ids[:, P:], resp):
@@ -127,6 +144,30 @@ def validate_batch(
             raise BatchError(f"batch['uid'] must have one entry per row (B={B}), got {_shape(uid)} of length {n}")
     _check_values(batch, limits or BatchLimits())
     return B, P, R
+
+
+def check_routing(routed: torch.Tensor, shape: RoutingShape, name: str = "batch['routed_experts']") -> None:
+    """`routed` [..., layers, k] against the model's routing: its layer and top-k dimensions, and every expert id in
+    [0, experts) or -1; a BatchError naming the field, the value and the bound. Before any router gathers an id: one
+    past the experts fails the gather on CPU and is a device assert on CUDA (the trainer dead until restarted)."""
+    L, k = routed.shape[-2], routed.shape[-1]
+    if L != shape.layers:
+        raise BatchError(
+            f"{name} has {L} layers (dimension -2); the model has {shape.layers_key}={shape.layers}: the routing is "
+            "another model's"
+        )
+    if k != shape.top_k:
+        raise BatchError(
+            f"{name} has {k} experts per token (dimension -1); the model routes each token to "
+            f"{shape.top_k_key}={shape.top_k}"
+        )
+    if routed.numel() and int(routed.max()) >= shape.experts:
+        at = [int(i) for i in (routed == routed.max()).nonzero()[0]]
+        where = f"row {at[0]}, column {at[1]}, layer {at[2]}" if len(at) == 4 else f"index {at}"
+        raise BatchError(
+            f"{name} holds expert id {int(routed.max())} ({where}); the model has {shape.experts_key}="
+            f"{shape.experts}: ids are in [0, {shape.experts}), -1 for none"
+        )
 
 
 def _check_dtypes(batch: Batch) -> None:

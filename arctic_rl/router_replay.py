@@ -23,12 +23,18 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from typing import cast
 
 import torch
 
+from arctic_rl.batch import ROUTING_KEY, BatchError, RoutingShape, check_routing
 from arctic_rl.errors import ConfigError
 
 LAYER = re.compile(r"\.layers\.(\d+)\.")
+# HF config keys of the experts per token and the routed experts (as arctic_rl/plan.py reads them; transformers 5
+# writes Qwen3-MoE's expert count as num_local_experts)
+TOP_K_KEYS = ("num_experts_per_tok", "moe_topk")
+EXPERT_KEYS = ("num_experts", "num_local_experts", "n_routed_experts")
 
 
 @dataclass
@@ -42,6 +48,7 @@ class ReplayState:
     collect: bool = False  # keep each layer's logits and the ids used, for aux_loss (the forward_backward op)
     collected: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)  # (logits [N, E], ids [N, k])
     token_weights: torch.Tensor | None = None  # [N] how many rows each token stands for (0: padding)
+    shape: RoutingShape | None = None  # what a routing set for the model must fit (set_routing checks it)
 
 
 def find_routers(model: torch.nn.Module, required: bool = True) -> dict[int, torch.nn.Module]:
@@ -70,7 +77,10 @@ def install(model: torch.nn.Module, replay: bool = True) -> ReplayState | None:
     routers = find_routers(model, required=replay)
     if not routers:
         return None
-    state = ReplayState(replay=replay)
+    first = next(iter(routers.values()))
+    layers = getattr(getattr(model, "config", None), "num_hidden_layers", None) or max(routers) + 1
+    top_k, experts = cast(int, first.top_k), cast(int, first.num_experts)
+    state = ReplayState(replay=replay, shape=RoutingShape(int(layers), int(top_k), int(experts)))
     for layer, router in routers.items():
         router.register_forward_hook(_hook(state, layer))
     model._arctic_router_replay = state  # type: ignore[assignment]
@@ -126,8 +136,38 @@ def set_routing(
             )
         if state is None:
             return
+    if routed_NLk is not None and state.shape is not None:
+        check_routing(routed_NLk, state.shape, "routed_experts")  # before any router gathers an id
     state.routed, state.agree, state.replayed, state.used = routed_NLk, 0, 0, {}
     state.collected, state.token_weights = [], token_weights
+
+
+def model_routing(model_name: str, overrides: dict) -> RoutingShape | None:
+    """The routing the model's HF config (after `overrides`) says its MoE layers take, None when the config is not
+    on disk or names no experts: the same keys the routers are built from (Qwen3-MoE, Qwen2-MoE)."""
+    from arctic_rl.config import _hf_config_value
+
+    found = []
+    for keys in (("num_hidden_layers",), TOP_K_KEYS, EXPERT_KEYS):
+        hit = [(k, v) for k in keys if isinstance(v := _hf_config_value(model_name, overrides, k), int) and v > 0]
+        if not hit or isinstance(hit[0][1], bool):
+            return None
+        found.append(hit[0])
+    (_, layers), (top_k_key, top_k), (experts_key, experts) = found
+    return RoutingShape(layers, top_k, experts, top_k_key=top_k_key, experts_key=experts_key)
+
+
+def routing_limits(batch: object, cfg) -> RoutingShape | None:
+    """For a request's batch: None without routed_experts; a BatchError when the deployment does not replay routing
+    (set_routing would refuse it in the engine); else the model's routing (model_routing) to check the ids against."""
+    if not isinstance(batch, dict) or ROUTING_KEY not in batch:
+        return None
+    if not cfg.training_config.router_replay.enable:
+        raise BatchError(
+            "batch['routed_experts'] is given but router replay is off: set training_config.router_replay.enable, "
+            "or leave routed_experts out"
+        )
+    return model_routing(cfg.model_name, cfg.model_overrides)
 
 
 def for_forward(batch: dict, prompt_tokens: str) -> torch.Tensor | None:

@@ -17,6 +17,7 @@ from typing import Annotated, Any, TypeVar
 import torch
 from pydantic import BeforeValidator, Field, ValidationInfo, model_validator
 
+from arctic_rl import router_replay
 from arctic_rl.batch import LOG_PROBS_KEYS, TRAIN_KEYS, BatchError, BatchLimits, validate_batch
 from arctic_rl.config import ArcticRLClientConfig
 from arctic_rl.errors import BatchFormatError, ConfigError, UnknownNameError
@@ -261,7 +262,8 @@ def check_loss_config(lc: Any) -> None:
 
 def check_batch(batch: Any, required, cfg: ArcticRLClientConfig, vocab: int | None = None) -> None:
     """validate_batch against the deployment's limits (vocabulary, max_seq_len), plus the row limit and uids."""
-    limits = BatchLimits(vocab=vocab, max_seq_len=cfg.vllm_config.max_seq_len)
+    routing = router_replay.routing_limits(batch, cfg)  # expert ids and dimensions, the model's
+    limits = BatchLimits(vocab=vocab, max_seq_len=cfg.vllm_config.max_seq_len, routing=routing)
     B, _, _ = validate_batch(batch, required, limits)
     if B > cfg.server.max_batch_rows:
         raise BatchError(

@@ -221,6 +221,27 @@ def test_r3_gives_the_trainer_the_sampler_s_routing_and_its_log_probs(r3):
     assert r3.sync_weights()["unchecked_tensors"] == 0
 
 
+def test_routing_past_the_model_s_experts_is_refused_before_the_engines_and_they_keep_serving(r3):
+    """Expert ids past num_experts (and the layer and top-k dimensions) are checked with the request: a 4xx naming
+    the field, the value and the bound. Before, ids of 10000 reached the trainer's gather: an EngineError on CPU, a
+    sticky device assert on CUDA (the trainer dead until restarted)."""
+    from arctic_rl.errors import BatchFormatError
+
+    samples = r3.generate(PROMPTS[:1], {"n": 2, "max_tokens": 8, "seed": 5})
+    batch = from_samples(samples, [0, 0])
+    batch["old_log_probs"] = batch["rollout_log_probs"]
+    batch["advantages"] = torch.tensor([1.0, -1.0])
+    bad = batch["routed_experts"].clone()
+    bad[:, batch["input_ids"].shape[1] - batch["responses"].shape[1], 1, 0] = 10000  # each row's first response token
+    for op in (lambda b: r3.forward_backward(b, "grpo", {}), r3.log_probs):
+        with pytest.raises(BatchFormatError, match=r"routed_experts.*expert id 10000.*num_\w*experts=4"):
+            op({**batch, "routed_experts": bad})
+    with pytest.raises(BatchFormatError, match=r"routed_experts.*1 layers.*num_hidden_layers=2"):
+        r3.log_probs({**batch, "routed_experts": batch["routed_experts"][:, :, :1]})
+    replayed = r3.log_probs(batch)["log_probs"]  # the same deployment, the sampler's routing
+    assert torch.isfinite(replayed).all()
+
+
 def test_a_grpo_step_through_arctic_rl_run_with_an_moe_model_and_r3(ray_cluster, moe_model, tmp_path, monkeypatch):
     from mlflow.tracking import MlflowClient
     from repo_paths import REPO

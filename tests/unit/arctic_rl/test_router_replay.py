@@ -163,3 +163,58 @@ def test_vllm_routing_record_becomes_one_row_per_token_of_the_sequence():
     assert padded.shape == (7, 2, 2) and torch.equal(padded[:5], torch.from_numpy(record).to(torch.int16))
     assert (padded[5:] == -1).all()
     assert vllm_routing(None, 4) is None
+
+
+def moe_request(tmp_path, replay: bool = True):
+    """A tiny Qwen3-MoE's config.json on disk (what the HTTP front and the controller read) and a deployment's config
+    for it."""
+    from arctic_rl.config import ArcticRLClientConfig
+
+    tiny_model("qwen3_moe").config.save_pretrained(tmp_path)
+    return ArcticRLClientConfig(model_name=str(tmp_path), training_config={"router_replay": {"enable": replay}})
+
+
+def test_routing_the_model_cannot_take_is_refused_with_the_request_naming_the_field_the_value_and_the_bound(tmp_path):
+    """Before anything reaches an engine (an id past the experts fails gather on CPU, and is a sticky device assert
+    on CUDA): expert ids below num_experts, the layer and top-k dimensions the model's."""
+    from arctic_rl.errors import BatchFormatError
+    from arctic_rl.server.requests import check_request
+
+    cfg = moe_request(tmp_path)
+    batch = make_batch(MIXED, P=12, R=6, seed=5)
+    B, T = batch["input_ids"].shape
+    good = torch.randint(0, E, (B, T, L, K), dtype=torch.int16)
+    good[:, :3] = -1  # no record: allowed
+    check_request("log_probs", {"batch": {**batch, "routed_experts": good}}, cfg)
+    past = good.clone()
+    past[1, 7, 1, 0] = 10000
+    bad = {
+        r"expert id 10000 .*row 1, column 7, layer 1.*num_\w*experts=4.*\[0, 4\)": past,
+        r"expert id 4 .*num_\w*experts=4": good.clamp(min=0) + 1,
+        r"3 layers.*num_hidden_layers=2": torch.zeros(B, T, 3, K, dtype=torch.int16),
+        r"3 experts per token.*num_experts_per_tok=2": torch.zeros(B, T, L, 3, dtype=torch.int16),
+    }
+    for message, routed in bad.items():
+        for op in ("log_probs", "forward_backward"):
+            args = {"batch": {**batch, "routed_experts": routed}, "loss_fn": "sft"}
+            with pytest.raises(BatchFormatError, match=r"batch\['routed_experts'\].*" + message):
+                check_request(op, args, cfg)
+    with pytest.raises(BatchFormatError, match=r"routed_experts.*training_config.router_replay.enable"):
+        check_request("log_probs", {"batch": {**batch, "routed_experts": good}}, moe_request(tmp_path, replay=False))
+
+
+def test_the_trainer_refuses_routing_past_its_experts_before_any_router_gathers_it():
+    """The engine's own guard (a batch that did not pass the request checks, e.g. another model's config on disk):
+    set_routing names the bound instead of a gather out of range (on CUDA, a device assert that kills the trainer)."""
+    model = tiny_model("qwen3_moe", seed=8)
+    router_replay.install(model)
+    batch = make_batch(MIXED, P=12, R=6, seed=8)
+    B, T = batch["input_ids"].shape
+    routed = torch.zeros(B * T, L, K, dtype=torch.int16)
+    routed[5, 0, 1] = 10000
+    with pytest.raises(BatchError, match=r"routed_experts holds expert id 10000.*num_experts=4"):
+        router_replay.set_routing(model, routed)
+    with pytest.raises(BatchError, match=r"routed_experts has 1 layers.*num_hidden_layers=2"):
+        router_replay.set_routing(model, torch.zeros(B * T, 1, K, dtype=torch.int16))
+    with pytest.raises(BatchError, match=r"routed_experts has 3 experts per token.*num_experts_per_tok=2"):
+        router_replay.set_routing(model, torch.zeros(B * T, L, 3, dtype=torch.int16))
