@@ -226,6 +226,28 @@ class ServerConfig(Strict):
         description="HTTP deployments: also answer OpenAI's /v1/chat/completions from the sampler and record each "
         "conversation's exact tokens for training (arctic_rl/server/openai_api.py; `arctic-rl serve --openai`)",
     )
+    # The OpenAI front's state, which callers grow, and its threads (arctic_rl/server/openai_api.py).
+    # Records are the callers' to grow (20 refused requests once left 27 MB): bounded by what they hold, not count.
+    openai_max_record_tokens: int = Field(
+        1 << 24,
+        ge=1,
+        description="tokens held by all recorded OpenAI conversations (about 25 bytes each); past it the least "
+        "recently used records are dropped",
+    )
+    # A request queued behind its conversation's running one would hold a thread for as long as that one runs.
+    openai_conversation_wait_s: float = Field(
+        5.0,
+        ge=0,
+        allow_inf_nan=False,
+        description="how long an OpenAI request waits for the running request of its conversation; then a 503",
+    )
+    # Each completion blocks a thread for its whole generate: on a pool of their own, not the server's shared one.
+    openai_max_concurrent: int = Field(
+        32,
+        ge=1,
+        description="OpenAI chat completions run at once, each on a thread of its own pool for its whole generate "
+        "(more wait for one), so they never hold the threads the other routes need",
+    )
     allow_imports: bool = Field(
         False,
         description=(
@@ -251,6 +273,24 @@ class ServerConfig(Strict):
         description=("most rows in one request: batch rows, generate's prompts x n, sampler_log_probs' sequences"),
     )
     max_body_bytes: int = Field(1 << 30, ge=1024, description="largest HTTP request body")
+    # 64 concurrent requests of max_body_bytes each would hold 64 GiB: bodies held at once are bounded too.
+    max_inflight_body_bytes: int | None = Field(
+        None,
+        ge=1024,
+        description="bytes of request bodies held at once by all requests in flight (counted from their "
+        "content-length, else as they arrive); one more is a 503. None: 2 x max_body_bytes",
+    )
+    # One generate's work: every sample is a sequence the sampler decodes (and a copy of its prompt it answers).
+    max_request_tokens: int = Field(
+        1 << 26,
+        ge=1,
+        description="output budget of one generate request: prompts x n x max_tokens (vLLM's 16 when unset)",
+    )
+    # vLLM checks every stop string against every new token of every sequence: 100k of them cost 40 ms a token.
+    max_stops: int = Field(
+        64, ge=1, description="most entries of a generate request's sampling_params 'stop' (and of 'stop_token_ids')"
+    )
+    max_stop_chars: int = Field(256, ge=1, description="longest string in sampling_params 'stop', in characters")
     max_prompt_chars: int | None = Field(
         None,
         ge=1,
@@ -298,11 +338,41 @@ class ServerConfig(Strict):
     max_concurrent_requests: int = Field(
         64, ge=1, description="HTTP requests in flight at once (/healthz aside); one more is answered 503"
     )
+    # uvicorn closes a kept-alive connection after an answer, but never one that has not sent a (whole) request head.
+    http_head_timeout_s: float = Field(
+        10.0,
+        gt=0,
+        allow_inf_nan=False,
+        description="an HTTP connection that has not sent a whole request head this long after it opened (or "
+        "after its last answer) is closed",
+    )
+    # Every open connection holds a socket and its buffers, with or without a request.
+    max_connections: int = Field(
+        1024, ge=1, description="open HTTP connections at once; one more is answered 503 and closed"
+    )
+    # httptools (uvicorn's default parser) has no limit of its own on a request head.
+    max_head_bytes: int = Field(
+        64 << 10, ge=1024, description="largest HTTP request head (request line and headers); more is a 413, closed"
+    )
     result_cache_entries: int = Field(
         1024, ge=1, description="answers of requests with an id kept so a retry gets the answer, not a second run"
     )
     result_cache_bytes: int = Field(256 << 20, ge=0, description="bytes of such answers kept (oldest go first)")
     result_cache_age_s: float = Field(600.0, gt=0, description="seconds such an answer is kept for a retry")
+
+    @model_validator(mode="after")
+    def _body_budget_holds_a_body(self):
+        if self.max_inflight_body_bytes is not None and self.max_inflight_body_bytes < self.max_body_bytes:
+            raise ValueError(
+                f"max_inflight_body_bytes={self.max_inflight_body_bytes} is below max_body_bytes="
+                f"{self.max_body_bytes}: a body the server takes could never be read; raise it or lower max_body_bytes"
+            )
+        return self
+
+    @property
+    def inflight_body_bytes(self) -> int:
+        """max_inflight_body_bytes, its default filled in."""
+        return self.max_inflight_body_bytes or 2 * self.max_body_bytes
 
     def resolved(self) -> ServerConfig:
         """checkpoint_root as an absolute path, its default filled in (run where the deployment starts)."""

@@ -1,15 +1,32 @@
 """The embedded Ray cluster: what create_arctic_rl_client, `arctic-rl run` and `arctic-rl serve` start when no
 Ray address is given. Ray's gRPC servers listen on every interface, and anyone who can reach them can run
 code as this user, so the cluster runs with Ray's token authentication on (a fresh token for each cluster),
-its temp dir inside a folder only this user can enter, and without arctic-rl's bearer token in the
-environment its processes inherit. Ray-free at import (jobs.bootstrap uses private_dir too)."""
+its temp dir inside a fresh folder only this user can enter (removed when the process that started it exits), and without arctic-rl's bearer token in the
+environment its processes inherit. Ray-free at import (jobs.bootstrap uses private_dir too).
+
+A framework's own Ray (the native verl and SkyRL baselines, verl on arctic-rl: their drivers call
+`ray.init(address="local")` themselves) gets the same through this module's command line:
+
+    python -m arctic_rl.local_ray run -- CMD [ARGS ...]
+
+runs CMD with RAY_AUTH_MODE=token and a fresh RAY_AUTH_TOKEN in its environment (never in a file or argv), without
+ARCTIC_RL_TOKEN, and with RAY_TMPDIR a new 0700 folder inside ray_temp_root() (Ray's temp dir is then
+<that folder>/ray); when CMD ends, what is left of its process group is stopped and the folder removed. Its exit
+status is CMD's."""
 
 from __future__ import annotations
 
+import atexit
 import os
 import secrets
+import shutil
+import signal
 import stat
-from collections.abc import Iterator
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -77,14 +94,19 @@ def without_env(name: str) -> Iterator[None]:
             os.environ[name] = value
 
 
+def new_ray_token_env() -> dict[str, str]:
+    """Ray's token mode with a fresh random token, as environment variables (RAY_AUTH_TOKEN has the highest
+    precedence of Ray's token sources; a RAY_AUTH_TOKEN_PATH beside it must be removed)."""
+    return {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32)}
+
+
 def use_new_ray_token() -> None:
     """Token mode with a fresh token, for this process and the processes it starts from now on (the deploy
     process attaches with it). Ray read RAY_AUTH_MODE when it was imported, so its cached config and token
     are reloaded too."""
     from ray._raylet import AuthenticationTokenLoader, Config  # type: ignore[attr-defined]  # (not in its stub)
 
-    os.environ["RAY_AUTH_MODE"] = "token"
-    os.environ["RAY_AUTH_TOKEN"] = secrets.token_hex(32)  # highest precedence of Ray's token sources
+    os.environ.update(new_ray_token_env())
     os.environ.pop("RAY_AUTH_TOKEN_PATH", None)
     Config.initialize("")
     AuthenticationTokenLoader.instance().reset_cache()
@@ -92,16 +114,109 @@ def use_new_ray_token() -> None:
 
 def start_local_ray(**init_kwargs) -> str:
     """Starts the embedded cluster (ray.init(address="local", ...) with token auth, see the module docstring);
-    returns its GCS address. A RAY_AUTH_MODE=disabled in the environment does not apply to it."""
+    returns its GCS address. A RAY_AUTH_MODE=disabled in the environment does not apply to it. Its temp dir is
+    <a fresh 0700 folder inside ray_temp_root()>/ray, removed when this process exits (after Ray's shutdown)."""
     import ray
 
     use_new_ray_token()
+    run_dir = Path(tempfile.mkdtemp(dir=ray_temp_root()))
+    atexit.register(_shutdown_and_remove, run_dir)  # runs before Ray's own atexit shutdown (registered earlier)
     # GCS, raylet and (through the raylet) every worker inherit this process's environment as it is now.
     with without_env(TOKEN_ENV):
         ray.init(
             address="local",
-            _temp_dir=str(ray_temp_root() / "local"),
+            _temp_dir=str(run_dir / "ray"),
             _system_config=RAY_SYSTEM_CONFIG,
             **init_kwargs,
         )
     return ray.get_runtime_context().gcs_address
+
+
+def _shutdown_and_remove(run_dir: Path) -> None:
+    import ray
+
+    ray.shutdown()
+    shutil.rmtree(run_dir, ignore_errors=True)
+
+
+@contextmanager
+def fresh_run_dir() -> Iterator[Path]:
+    """A new folder for one run's Ray inside ray_temp_root(), 0700 (mkdtemp), removed afterwards. Kept short:
+    Ray's socket paths under it must stay under ~107 characters."""
+    path = Path(tempfile.mkdtemp(dir=ray_temp_root()))
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def private_ray_env(run_dir: Path, environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """`environ` (default: this process's) for a driver that starts its own Ray (`ray.init(address="local")`):
+    token auth with a fresh token, Ray's temp dir inside `run_dir` (RAY_TMPDIR), no bearer token."""
+    env = dict(os.environ if environ is None else environ)
+    for name in (TOKEN_ENV, "RAY_AUTH_TOKEN_PATH"):
+        env.pop(name, None)
+    env.update(new_ray_token_env())
+    env["RAY_TMPDIR"] = str(run_dir)
+    return env
+
+
+def stop_group(pgid: int, grace_s: float = 10.0) -> None:
+    """SIGTERM to what is left of process group `pgid`, SIGKILL after `grace_s`."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(pgid, sig)
+        except ProcessLookupError:
+            return
+        deadline = time.monotonic() + grace_s
+        while time.monotonic() < deadline:
+            try:
+                os.killpg(pgid, 0)
+            except ProcessLookupError:
+                return
+            time.sleep(0.1)
+
+
+def run_with_private_ray(cmd: Sequence[str]) -> int:
+    """Runs `cmd` (in a process group of its own) with private_ray_env in a fresh_run_dir; forwards SIGINT and
+    SIGTERM to it; then stops what is left of its group (a Ray its driver did not shut down) and removes the
+    folder. Returns cmd's exit status."""
+    with fresh_run_dir() as run_dir:
+        print(
+            f"arctic-rl: a private Ray for this run: token auth with a fresh token, temp dir {run_dir} (0700, "
+            "removed afterwards)",
+            file=sys.stderr,
+            flush=True,
+        )
+        proc = subprocess.Popen(list(cmd), env=private_ray_env(run_dir), start_new_session=True)
+
+        def forward(signum: int, frame: object) -> None:
+            try:
+                os.killpg(proc.pid, signum)
+            except ProcessLookupError:
+                pass
+
+        previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            code = proc.wait()
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+            stop_group(proc.pid)
+    return code if code >= 0 else 128 - code
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args[:1] != ["run"] or len(args) < 2:
+        print("usage: python -m arctic_rl.local_ray run [--] CMD [ARGS ...]", file=sys.stderr)
+        return 2
+    cmd = args[2:] if args[1] == "--" else args[1:]
+    if not cmd:
+        print("usage: python -m arctic_rl.local_ray run [--] CMD [ARGS ...]: no CMD given", file=sys.stderr)
+        return 2
+    return run_with_private_ray(cmd)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

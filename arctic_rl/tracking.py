@@ -23,7 +23,10 @@ of opening a second one, so a preempted-and-requeued job keeps one metric histor
 
 from __future__ import annotations
 
+import importlib.abc
 import os
+import re
+import sys
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -102,9 +105,11 @@ def set_run_context(
     process's MLFLOW_RUN_CONTEXT (a JSON dict of tags `mlflow.start_run` applies), with the ENV_DEFAULT_TAGS
     filled from the environment, plus `extra` (e.g. placement_tags of the deployment, so the run records where
     its engines ran, as the reference loop's does). Tags already in MLFLOW_RUN_CONTEXT win. Call it before the
-    logger starts."""
+    logger starts, in the process where it logs: the logger's params then pass the secret filter too
+    (filter_secret_params)."""
     import json
 
+    filter_secret_params()
     tags = {TAG_FRAMEWORK: framework, TAG_BACKEND: backend, TAG_RECIPE: recipe, TAG_MODEL: model}
     tags.update({tag: os.environ[env] for env, tag in ENV_DEFAULT_TAGS.items() if os.environ.get(env)})
     tags.update(extra or {})
@@ -133,23 +138,102 @@ def default_tracking_uri() -> str:
     return f"sqlite:///{folder / 'mlflow.db'}"
 
 
-# Keys never logged as params (at any depth): run configs may carry the backend's bearer token.
-SECRET_PARAM_KEYS = frozenset({"auth_token"})
+# Keys never logged as params (at any depth): run configs may carry the backend's bearer token, and the frameworks'
+# configs carry environment variables for their workers (verl's ray_kwargs.ray_init.runtime_env.env_vars), among
+# them MLflow's own URI, which may hold a password (https://user:password@host), and its credentials.
+SECRET_PARAM_KEYS = frozenset({"auth_token", "api_key", "access_token", "password", "secret", "token"})
+SECRET_ENV_VARS = frozenset({"MLFLOW_TRACKING_URI"})  # dropped whole: a token may sit anywhere in it
+# An environment variable's name (upper case) ending so: ARCTIC_RL_TOKEN, RAY_AUTH_TOKEN, MLFLOW_TRACKING_PASSWORD, ...
+_SECRET_ENV_SUFFIX = re.compile(r"[A-Z0-9_]*_(TOKEN|PASSWORD|SECRET|API_KEY|ACCESS_KEY|SECRET_KEY|CREDENTIALS)")
+_URL_PASSWORD = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)(?P<user>[^/@:\s]*):[^/@\s]*@")
+
+
+def is_secret_param(key: str) -> bool:
+    """Whether a param key (flattened with `/` or `.`) names a secret: its last part is one of SECRET_PARAM_KEYS
+    (any case), or an environment variable's name among SECRET_ENV_VARS or ending like one that holds a secret."""
+    last = re.split(r"[/.]", str(key))[-1]
+    return last.lower() in SECRET_PARAM_KEYS or last in SECRET_ENV_VARS or bool(_SECRET_ENV_SUFFIX.fullmatch(last))
+
+
+def redact(value: str) -> str:
+    """`value` with the password of any URL in it replaced (`https://alice:***@host`)."""
+    return _URL_PASSWORD.sub(r"\g<scheme>\g<user>:***@", value)
 
 
 def flatten_params(params: Mapping[str, Any], sep: str = "/") -> dict[str, str]:
     """Nested dicts become `a/b/c` keys (verl's convention); values become strings MLflow accepts.
-    Keys in SECRET_PARAM_KEYS are left out."""
+    Secret keys (is_secret_param) are left out, passwords in URLs redacted."""
     flat: dict[str, str] = {}
     for key, value in params.items():
-        if key in SECRET_PARAM_KEYS:
+        if is_secret_param(str(key)):
             continue
         if isinstance(value, Mapping):
             for sub_key, sub_value in flatten_params(value, sep).items():
                 flat[f"{key}{sep}{sub_key}"] = sub_value
         else:
-            flat[str(key)] = str(value)[:_MAX_PARAM_VALUE_CHARS]
+            flat[str(key)] = redact(str(value))[:_MAX_PARAM_VALUE_CHARS]
     return flat
+
+
+_MLFLOW_CLIENT = "mlflow.tracking._tracking_service.client"  # every param MLflow logs passes its client's methods
+
+
+def filter_secret_params() -> None:
+    """Puts the secret filter (is_secret_param, redact) under every param this process logs to MLflow, whoever logs
+    it: verl's and SkyRL's own loggers call `mlflow.log_params` with their whole config, flattened by themselves.
+    MLflow's tracking client drops secret params and redacts URL passwords in the rest. Does not import MLflow (slow:
+    tens of seconds on a loaded machine, and most processes of a run never log): the filter goes in when MLflow's
+    client module is first imported. Idempotent."""
+    module = sys.modules.get(_MLFLOW_CLIENT)
+    if module is not None:
+        _wrap_mlflow_client(module)
+    elif not any(isinstance(f, _FilterOnImport) for f in sys.meta_path):
+        sys.meta_path.insert(0, _FilterOnImport())
+
+
+def _wrap_mlflow_client(module: Any) -> None:
+    cls = module.TrackingServiceClient
+    if getattr(cls, "_arctic_rl_secret_filter", False):
+        return
+    from mlflow.entities import Param
+
+    log_param, log_batch = cls.log_param, cls.log_batch
+
+    def filtered_log_param(self, run_id, key, value, *args, **kwargs):
+        if is_secret_param(key):
+            return value
+        return log_param(self, run_id, key, redact(str(value)), *args, **kwargs)
+
+    def filtered_log_batch(self, run_id, metrics=(), params=(), tags=(), *args, **kwargs):
+        params = [Param(p.key, redact(str(p.value))) for p in params if not is_secret_param(p.key)]
+        return log_batch(self, run_id, metrics, params, tags, *args, **kwargs)
+
+    cls.log_param, cls.log_batch = filtered_log_param, filtered_log_batch
+    cls._arctic_rl_secret_filter = True
+
+
+class _FilterOnImport(importlib.abc.MetaPathFinder):
+    """Wraps MLflow's tracking client as soon as its module has been executed (filter_secret_params)."""
+
+    def find_spec(self, fullname, path, target=None):
+        if fullname != _MLFLOW_CLIENT:
+            return None
+        for finder in sys.meta_path:
+            if finder is self:
+                continue
+            spec = finder.find_spec(fullname, path, target) if hasattr(finder, "find_spec") else None
+            if spec is not None and spec.loader is not None and hasattr(spec.loader, "exec_module"):
+                loader = spec.loader
+                exec_module = loader.exec_module
+
+                def exec_and_filter(module, exec_module=exec_module):
+                    exec_module(module)
+                    _wrap_mlflow_client(module)
+
+                # this loader object serves this one module
+                loader.exec_module = exec_and_filter  # type: ignore[method-assign]
+                return spec
+        return None
 
 
 def _env_tags() -> dict[str, str]:
@@ -181,6 +265,7 @@ class Tracker:
             raise ValueError(f"Tracker.start: experiment={experiment!r}; give the recipe name, e.g. 'text2sql'")
         from mlflow.tracking import MlflowClient  # mlflow is slow to import; keep `import arctic_rl` light
 
+        filter_secret_params()  # also under any other logger of this process (a framework's own)
         client = MlflowClient(tracking_uri=tracking_uri or default_tracking_uri())
         found = client.get_experiment_by_name(experiment)
         experiment_id = found.experiment_id if found else client.create_experiment(experiment)

@@ -117,6 +117,21 @@ class Replica:
         return [o.outputs[0].text for o in outputs]
 
 
+def init_ray() -> None:
+    """RAY_ADDRESS's cluster, else a fresh local one, never whatever other Ray happens to run on this host: the
+    embedded cluster's start (arctic_rl.local_ray: token auth with a fresh token, a fresh private temp dir)."""
+    import ray
+
+    if ray.is_initialized():
+        return
+    if os.environ.get("RAY_ADDRESS"):
+        ray.init(address=os.environ["RAY_ADDRESS"], log_to_driver=False)
+    else:
+        from arctic_rl.local_ray import start_local_ray
+
+        start_local_ray(log_to_driver=False)
+
+
 def generate(
     model: str,
     prompts: Sequence[Sequence[int]],
@@ -132,8 +147,7 @@ def generate(
         return Replica(model, options).generate(prompts, sampling)
     import ray
 
-    # Without RAY_ADDRESS a fresh local Ray ("local"), never whatever other Ray happens to run on this host.
-    ray.init(address=os.environ.get("RAY_ADDRESS") or "local", ignore_reinit_error=True, log_to_driver=False)
+    init_ray()
     num_gpus = options.tensor_parallel_size if _cuda() else 0
     remote = ray.remote(num_gpus=num_gpus, num_cpus=1)(Replica)
     actors = [remote.remote(model, options, seed) for seed in range(options.replicas)]

@@ -1,8 +1,8 @@
 """HTTP transport: `POST /v1/<op>` (arctic_rl.ops.route) with wire messages. With no server at host:port (and no job_id),
 starts `arctic-rl serve` on this machine and waits for it.
 
-With a token, the server first proves it holds it (arctic_rl/handshake.py): until it has, no request carries
-the token or any data. Every request carries a fresh id (REQUEST_ID_HEADER); a request whose answer was lost
+With a token, the server first proves it holds it, on every connection (arctic_rl/handshake.py): until it has, no
+request goes on that connection, so none carries the token or any data to a server that has not. Every request carries a fresh id (REQUEST_ID_HEADER); a request whose answer was lost
 (connection dropped, read timeout) is sent again with the same id, and the server answers it from the first
 run instead of running it again (a retried forward_backward never doubles the gradient)."""
 
@@ -16,6 +16,8 @@ import time
 import uuid
 from pathlib import Path
 
+import h11
+import httpcore
 import httpx
 
 from arctic_rl import handshake, ops, wire
@@ -55,38 +57,122 @@ def _follow(log, proc: subprocess.Popen, deadline: float):
         time.sleep(0.1)
 
 
-def authenticate(http: httpx.Client, token: str, port: int) -> None:
-    """Raises AuthError unless the server at `http`'s base URL proves it holds `token` (arctic_rl/handshake.py).
-    Sends a nonce only: no token, no data."""
-    nonce = handshake.new_nonce()
-    try:
-        r = http.get(handshake.PROOF_ROUTE, params={"nonce": nonce}, timeout=30.0)
-        answer = r.json().get("proof") if r.status_code == 200 else None
-    except (httpx.TransportError, ValueError, AttributeError):
-        answer = None
-    if not handshake.verify(token, nonce, port, answer):
-        raise AuthError(
-            f"the server at {http.base_url} did not prove it holds this client's token (a wrong token, or not "
-            f"the arctic-rl server meant: another process may hold port {port}); nothing was sent to it"
+PROOF_BODY_LIMIT = 4096  # bytes of a proof answer read: a JSON object with one 64-hex-digit string
+
+
+def prove_connection(stream: httpcore.NetworkStream, token: str, host: str, timeout: float | None) -> None:
+    """Raises AuthError unless the server at the other end of `stream` (a new connection, nothing sent on it yet)
+    proves it holds `token` for the address and port this connection reached (arctic_rl/handshake.py). Sends a nonce
+    only: no token, no data. The exchange is one plain HTTP/1.1 request and its answer; the connection is then left
+    at a request boundary for the requests it is opened for."""
+    peer = stream.get_extra_info("server_addr")
+    addr, port = (handshake.address(str(peer[0])), int(peer[1])) if peer else ("?", 0)
+    where = f"[{addr}]:{port}" if ":" in addr else f"{addr}:{port}"
+
+    def refused(why: str) -> AuthError:
+        return AuthError(
+            f"the server at {where} (reached for host {host!r}) did not prove it holds this client's token ({why}): a "
+            f"wrong token, or not the arctic-rl server meant (another process may hold port {port} on that address, "
+            "or relay to the server from it); nothing was sent to it"
         )
+
+    if peer is None:
+        raise refused("no address for the connection")
+    nonce = handshake.new_nonce()
+    conn = h11.Connection(h11.CLIENT)
+    request = h11.Request(
+        method="GET",
+        target=f"{handshake.PROOF_ROUTE}?nonce={nonce}",
+        headers=[("host", f"[{host}]:{port}" if ":" in host else f"{host}:{port}"), ("accept", "application/json")],
+    )
+    stream.write(conn.send(request) + conn.send(h11.EndOfMessage()), timeout)
+    status, body = 0, b""
+    try:
+        while True:
+            event = conn.next_event()
+            if event is h11.NEED_DATA:
+                conn.receive_data(stream.read(PROOF_BODY_LIMIT, timeout))
+            elif isinstance(event, h11.Response):
+                status = event.status_code
+            elif isinstance(event, h11.Data):
+                body += event.data
+                if len(body) > PROOF_BODY_LIMIT:
+                    raise refused(f"an answer over {PROOF_BODY_LIMIT} bytes")
+            elif isinstance(event, (h11.EndOfMessage, h11.ConnectionClosed)):
+                break
+    except h11.RemoteProtocolError as e:
+        raise refused(f"not an HTTP answer: {e}") from None
+    try:
+        answer = json.loads(body).get("proof") if status == 200 else None
+    except (ValueError, AttributeError):
+        answer = None
+    if not handshake.verify(token, nonce, addr, port, answer):
+        raise refused(f"HTTP {status}, no valid proof for {where}" if status else "no answer")
+    if conn.our_state is not h11.DONE or conn.their_state is not h11.DONE:
+        raise refused("it closed the connection after its proof")
+
+
+class ProvingBackend(httpcore.NetworkBackend):
+    """httpcore's own socket backend, with every new connection proved (prove_connection) before httpcore sends
+    anything on it: the first request, and every reconnect after a connection dropped."""
+
+    def __init__(self, token: str) -> None:
+        self.token, self.inner = token, httpcore.SyncBackend()
+
+    def connect_tcp(self, host, port, timeout=None, local_address=None, socket_options=None):
+        stream = self.inner.connect_tcp(host, port, timeout, local_address, socket_options)
+        try:
+            prove_connection(stream, self.token, host, timeout)
+        except BaseException:
+            stream.close()
+            raise
+        return stream
+
+    def connect_unix_socket(self, path, timeout=None, socket_options=None):
+        raise AuthError(f"a token is proved over TCP only, not to unix socket {path!r}")
+
+    def sleep(self, seconds: float) -> None:
+        self.inner.sleep(seconds)
+
+
+def proving_transport(token: str) -> httpx.HTTPTransport:
+    """httpx's transport whose connections each prove the token first (ProvingBackend). No proxy: the proof is
+    of the server at the other end of the socket."""
+    limits = httpx.Limits()  # httpx's defaults, as the transport would have them
+    transport = httpx.HTTPTransport(trust_env=False, limits=limits)
+    transport._pool = httpcore.ConnectionPool(  # httpx builds its pool without a way to name the backend
+        max_connections=limits.max_connections,
+        max_keepalive_connections=limits.max_keepalive_connections,
+        keepalive_expiry=limits.keepalive_expiry,
+        network_backend=ProvingBackend(token),
+    )
+    return transport
+
+
+def base_url(host: str, port: int) -> str:
+    """http://host:port, an IPv6 address in brackets."""
+    return f"http://[{host}]:{port}" if ":" in host and not host.startswith("[") else f"http://{host}:{port}"
 
 
 class HttpTransport:
     def __init__(self, config: ArcticRLClientConfig):
-        self.base = f"http://{config.host}:{config.port}"
+        self.base = base_url(config.host, config.port)
         # The token: the config's, else ARCTIC_RL_TOKEN (a config read back from a record or a server
         # never holds one).
         self.token = config.auth_token or os.environ.get(TOKEN_ENV) or None
-        # No token in the headers until the server proved it holds it (_authenticate).
-        self.http = httpx.Client(base_url=self.base, timeout=config.request_timeout_s + TIMEOUT_MARGIN_S)
+        # With a token, every connection proves the server at its other end holds it before anything is sent on
+        # it (ProvingBackend), so the token may ride in every request's headers.
+        self.http = httpx.Client(
+            base_url=self.base,
+            timeout=config.request_timeout_s + TIMEOUT_MARGIN_S,
+            transport=proving_transport(self.token) if self.token else None,
+            headers={"authorization": f"Bearer {self.token}"} if self.token else None,
+        )
         self.proc: subprocess.Popen | None = None
         if not self._alive():
             if config.job_id is not None:
                 raise EngineDeadError(f"no arctic-rl server answers at {self.base} (job {config.job_id})")
             self._start_server(config)
-        if self.token:
-            authenticate(self.http, self.token, config.port)
-            self.http.headers["authorization"] = f"Bearer {self.token}"
         self.config = ArcticRLClientConfig.from_json(self.call("reconnect_config")).model_copy(
             update={"auth_token": self.token}
         )

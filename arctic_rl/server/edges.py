@@ -3,11 +3,15 @@
 - `EdgeGuard` (ASGI middleware): the Host header must name the bound address (or server.allowed_hosts; on loopback
   also localhost), so a web page whose DNS name was rebound to 127.0.0.1 is refused; a browser request from
   another site (an Origin naming another host, or Sec-Fetch-Site cross-site / same-site) is refused; at most
-  server.max_concurrent_requests requests are in flight (/healthz aside), one more is a 503.
+  server.max_concurrent_requests requests are in flight (/healthz aside), one more is a 503; the bodies they hold
+  together are bounded by server.max_inflight_body_bytes (read_bytes reserves, one more is a 503).
 - `check_content_type`: a route takes only its own body type (the wire's; JSON or protobuf on the Tinker routes),
   so a browser's cross-site form or text/plain POST, which needs no CORS preflight, never reaches an op.
 - `ResultCache`: the answers of requests that carried an id, kept by count, bytes and age, so a retry of a
   request already applied gets its answer instead of running it again.
+- `uvicorn_config`: the HTTP server itself, before any request exists: a connection that sends no whole request
+  head within server.http_head_timeout_s is closed, one past server.max_connections is answered 503 and closed, a
+  head over server.max_head_bytes is a 413 and closed.
 """
 
 from __future__ import annotations
@@ -18,6 +22,8 @@ import json
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
+from http import HTTPStatus
+from typing import Any
 from urllib.parse import urlsplit
 
 from starlette.datastructures import Headers
@@ -89,12 +95,49 @@ def error_response_body(e: ArcticRLError) -> bytes:
     return json.dumps({"type": type(e).__name__, "message": str(e), "detail": str(e)}).encode()
 
 
-class EdgeGuard:
-    """ASGI middleware: the Host / Origin checks and the concurrency cap (see the module docstring)."""
+BODY_TICKET = "arctic_rl.body_ticket"  # the scope key of a request's BodyTicket
 
-    def __init__(self, app, hosts: frozenset[str] | None, max_concurrent: int):
+
+class BodyBudget:
+    """Bytes of request bodies held at once by all requests in flight (server.max_inflight_body_bytes). Used from
+    the event loop only."""
+
+    def __init__(self, limit: int):
+        self.limit, self.held = limit, 0
+
+
+class BodyTicket:
+    """One request's share of the BodyBudget: reserved by read_bytes (its content-length, else what has arrived),
+    given back by EdgeGuard when the request ends."""
+
+    def __init__(self, budget: BodyBudget):
+        self.budget, self.held = budget, 0
+
+    def reserve(self, total: int) -> None:
+        more = total - self.held
+        if more <= 0:
+            return
+        b = self.budget
+        if b.held + more > b.limit:
+            raise ServerBusyError(
+                f"requests in flight hold {b.held} bytes of bodies; this one's {total} bytes would exceed the "
+                f"server's limit of {b.limit} (server.max_inflight_body_bytes): nothing ran, send it again later"
+            )
+        b.held += more
+        self.held += more
+
+    def release(self) -> None:
+        self.budget.held -= self.held
+        self.held = 0
+
+
+class EdgeGuard:
+    """ASGI middleware: the Host / Origin checks, the concurrency cap and the body budget (module docstring)."""
+
+    def __init__(self, app, hosts: frozenset[str] | None, max_concurrent: int, max_body_in_flight: int | None = None):
         self.app, self.hosts, self.max_concurrent = app, hosts, max_concurrent
         self.in_flight = 0
+        self.bodies = BodyBudget(max_body_in_flight) if max_body_in_flight is not None else None
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
@@ -111,10 +154,15 @@ class EdgeGuard:
             )
             return await _send_error(send, busy, [(b"retry-after", b"1")])
         self.in_flight += 1
+        ticket = None
+        if self.bodies is not None:
+            ticket = scope[BODY_TICKET] = BodyTicket(self.bodies)
         try:
             await self.app(scope, receive, send)
         finally:
             self.in_flight -= 1
+            if ticket is not None:
+                ticket.release()
 
 
 async def _send_error(send, e: ArcticRLError, extra: list | None = None) -> None:
@@ -132,11 +180,16 @@ async def read_bytes(request: Request, max_body: int, key: str = "server.max_bod
         raise ProtocolError(f"bad content-length header {declared[:40]!r}")
     if declared is not None and int(declared) > max_body:
         raise TooLargeError(f"request body of {declared} bytes exceeds the server's limit of {max_body} ({key})")
+    ticket: BodyTicket | None = request.scope.get(BODY_TICKET)  # the bodies all requests hold (EdgeGuard)
+    if ticket is not None and declared is not None:
+        ticket.reserve(int(declared))
     body = bytearray()
     async for chunk in request.stream():  # the header may lie (or be absent): count what arrives
         body += chunk
         if len(body) > max_body:
             raise TooLargeError(f"request body exceeds the server's limit of {max_body} bytes ({key})")
+        if ticket is not None:
+            ticket.reserve(len(body))
     return body
 
 
@@ -209,3 +262,95 @@ class ResultCache:
             if e.done and (over or now - e.started > self.max_age_s):
                 total -= e.size
                 del self.entries[rid]
+
+
+# -- connections -------------------------------------------------------------------------------------------------
+
+
+def _refuse_connection(transport, e: ArcticRLError) -> None:
+    """A raw HTTP answer of `e`'s status and body, then the connection closed (no request may have been read)."""
+    body = error_response_body(e)
+    head = (
+        f"HTTP/1.1 {e.http_status} {HTTPStatus(e.http_status).phrase}\r\ncontent-type: application/json\r\n"
+        f"content-length: {len(body)}\r\nconnection: close\r\n"
+        + ("retry-after: 1\r\n" if e.http_status == 503 else "")
+        + "\r\n"
+    )
+    transport.write(head.encode() + body)
+    transport.close()
+
+
+def guarded_protocol(head_timeout_s: float, max_connections: int, max_head_bytes: int) -> type[asyncio.Protocol]:
+    """uvicorn's own HTTP protocol (httptools where installed, else h11), with what uvicorn has no setting for: a
+    timeout on the request head (uvicorn arms its keep-alive timer only after an answer, so a connection that never
+    sends a head stays open for good), a limit on open connections (uvicorn's limit_concurrency answers 503 to the
+    requests of an over-full server but accepts and keeps every connection), and one on the head's size (httptools
+    has none)."""
+    from uvicorn.protocols.http.auto import AutoHTTPProtocol
+
+    class GuardedHTTPProtocol(AutoHTTPProtocol):  # type: ignore[valid-type,misc]
+        head_timer: asyncio.TimerHandle | None = None
+        head_bytes = 0
+
+        def waiting_for_head(self) -> bool:  # no request in progress (none yet, or the last one answered)
+            return self.cycle is None or self.cycle.response_complete
+
+        def arm(self) -> None:
+            if self.head_timer is not None:
+                self.head_timer.cancel()
+            self.head_bytes = 0
+            self.head_timer = self.loop.call_later(head_timeout_s, self.head_expired)
+
+        def head_expired(self) -> None:
+            self.head_timer = None
+            if self.waiting_for_head() and not self.transport.is_closing():
+                self.transport.close()
+
+        def connection_made(self, transport) -> None:
+            super().connection_made(transport)
+            if len(self.connections) > max_connections:
+                busy = ServerBusyError(
+                    f"{len(self.connections) - 1} connections are open, the server's limit (server.max_connections="
+                    f"{max_connections}): this one is closed, connect again later"
+                )
+                return _refuse_connection(transport, busy)
+            self.arm()
+
+        def data_received(self, data: bytes) -> None:
+            waiting = self.waiting_for_head()
+            super().data_received(data)
+            if waiting and self.waiting_for_head() and not self.transport.is_closing():  # still no whole head
+                self.head_bytes += len(data)
+                if self.head_bytes > max_head_bytes:
+                    big = TooLargeError(
+                        f"request head of more than {max_head_bytes} bytes (server.max_head_bytes): connection closed"
+                    )
+                    _refuse_connection(self.transport, big)
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()
+            if not self.transport.is_closing():
+                self.arm()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            if self.head_timer is not None:
+                self.head_timer.cancel()
+                self.head_timer = None
+            super().connection_lost(exc)
+
+    return GuardedHTTPProtocol
+
+
+def uvicorn_config(app, cfg: ArcticRLClientConfig, **kwargs: Any):
+    """uvicorn's Config for `app` on cfg's host and port, with the server's connection limits (module docstring)."""
+    import uvicorn
+
+    sc = cfg.server
+    return uvicorn.Config(
+        app,
+        host=cfg.host,
+        port=cfg.port,
+        http=guarded_protocol(sc.http_head_timeout_s, sc.max_connections, sc.max_head_bytes),
+        h11_max_incomplete_event_size=sc.max_head_bytes,  # h11's own head limit, where h11 is the parser
+        **kwargs,
+    )

@@ -52,6 +52,7 @@ from arctic_rl.server.edges import (
     allowed_hosts,
     check_content_type,
     read_bytes,
+    uvicorn_config,
 )
 from arctic_rl.server.requests import check_request
 
@@ -81,7 +82,12 @@ def build_app(handle, cfg: ArcticRLClientConfig, on_shutdown=lambda: None, tinke
     API (arctic_rl/server/tinker_api.py) under /api/v1."""
     load_loss_modules(cfg.server.loss_modules)  # the names its checks accept are the controller's
     app = FastAPI(title="arctic-rl", version="0.1.0")
-    app.add_middleware(EdgeGuard, hosts=allowed_hosts(cfg), max_concurrent=cfg.server.max_concurrent_requests)
+    app.add_middleware(
+        EdgeGuard,
+        hosts=allowed_hosts(cfg),
+        max_concurrent=cfg.server.max_concurrent_requests,
+        max_body_in_flight=cfg.server.inflight_body_bytes,
+    )
     token = cfg.auth_token
     max_body = cfg.server.max_body_bytes
     vocab = model_vocab_size(cfg.model_name, cfg.model_overrides)  # token ids are checked here too
@@ -109,11 +115,13 @@ def build_app(handle, cfg: ArcticRLClientConfig, on_shutdown=lambda: None, tinke
         return {"ok": True, "job_id": cfg.job_id}
 
     @app.get(handshake.PROOF_ROUTE)
-    async def prove(nonce: str = ""):
-        """HMAC(token, nonce): the client's check that it reached the server holding its token."""
+    async def prove(request: Request, nonce: str = ""):
+        """HMAC(token, nonce) over the address and port this connection reached (its local end): the client's check
+        that it reached the server holding its token, directly."""
         if not handshake.NONCE.fullmatch(nonce):
             return JSONResponse({"type": "ProtocolError", "message": "nonce must be 32-128 hex digits"}, 400)
-        return {"proof": handshake.proof(token, nonce, cfg.port) if token else None}
+        host, port = request.scope.get("server") or ("", cfg.port)
+        return {"proof": handshake.proof(token, nonce, str(host), int(port)) if token else None}
 
     def endpoint(op: ops.Op):
         async def call(request: Request):
@@ -355,7 +363,8 @@ def main(argv: list[str]) -> int:
     app = build_app(handle, cfg, on_shutdown=stop, tinker=a.tinker)
     print(f"ARCTIC_RL_CONFIG {cfg.to_json()}", flush=True)
     print(f"[arctic-rl] serving job {cfg.job_id} on http://{cfg.host}:{cfg.port}", flush=True)
-    server = uvicorn.Server(uvicorn.Config(app, host=cfg.host, port=cfg.port, log_level="warning"))
+    # the connection limits (server.http_head_timeout_s, max_connections, max_head_bytes) are uvicorn_config's
+    server = uvicorn.Server(uvicorn_config(app, cfg, log_level="warning"))
     server.run(sockets=[sock])
     return 0
 

@@ -158,7 +158,40 @@ def check_sampling_params(params: Any, cfg: ArcticRLClientConfig) -> dict:
         "seed": 2**63 - 1,
     }
     parse(SamplingParams, params, name="sampling_params", context={"limits": limits})
+    check_stops(params, cfg)
     return params
+
+
+def check_stops(params: dict, cfg: ArcticRLClientConfig) -> None:
+    """vLLM matches every stop string against every new token of every sequence: their count and length are
+    bounded (server.max_stops, server.max_stop_chars); stop_token_ids' count too."""
+    stop = params.get("stop")
+    stops = [stop] if isinstance(stop, str) else list(stop or [])
+    for key, values in (("stop", stops), ("stop_token_ids", params.get("stop_token_ids") or [])):
+        if len(values) > cfg.server.max_stops:
+            raise ConfigError(
+                f"sampling_params['{key}'] has {len(values)} entries; the server takes at most "
+                f"{cfg.server.max_stops} (server.max_stops)"
+            )
+    for i, s in enumerate(stops):
+        if len(s) > cfg.server.max_stop_chars:
+            raise ConfigError(
+                f"sampling_params['stop'][{i}] has {len(s)} characters ({s[:40]!r}...); the server takes at most "
+                f"{cfg.server.max_stop_chars} (server.max_stop_chars)"
+            )
+
+
+def check_output_budget(num_prompts: int, params: dict, cfg: ArcticRLClientConfig) -> None:
+    """prompts x n x max_tokens within server.max_request_tokens: what one generate asks the sampler to decode."""
+    n = params.get("n") or 1
+    max_tokens = params.get("max_tokens") or VLLM_DEFAULT_MAX_TOKENS
+    total = num_prompts * n * max_tokens
+    if total > cfg.server.max_request_tokens:
+        raise BatchFormatError(
+            f"{num_prompts} prompts x n={n} x max_tokens={max_tokens} = {total} tokens exceeds the server's "
+            f"output budget of {cfg.server.max_request_tokens} per request (server.max_request_tokens): "
+            "send fewer prompts, a smaller n or max_tokens"
+        )
 
 
 def max_prompt_chars(cfg: ArcticRLClientConfig) -> int | None:
@@ -302,6 +335,7 @@ def check_request(
     if op == "generate":
         params = check_sampling_params(args.get("sampling_params") or {}, cfg)
         check_prompts(args.get("prompts"), params.get("n", 1), cfg, vocab, count_tokens)
+        check_output_budget(len(args["prompts"]), params, cfg)
         keys = args.get("routing_keys")
         if keys is not None:
             prompts = args.get("prompts") or []

@@ -392,9 +392,27 @@ class TinkerFront:
         return types.OptimStepResponse(metrics={k: float(v) for k, v in out.items()})
 
     def _ckpt(self, run_id: str, name: str) -> str:
-        if not RUN_ID.fullmatch(run_id) or not NAME.fullmatch(name) or name in (".", ".."):
+        """The folder of checkpoint `name` of run `run_id`: one below `tinker/`, never `.` or `..` (the SDK's path
+        parser takes `tinker://../weights/x`, which would name `<checkpoint_root>/x`)."""
+        if not NAME.fullmatch(name) or name in (".", ".."):
             raise ConfigError(f"checkpoint name {name!r:.140} (of {run_id!r:.140}): use 1-128 of A-Z a-z 0-9 . _ -")
+        if not RUN_ID.fullmatch(run_id) or run_id in (".", ".."):
+            raise ConfigError(f"run id {run_id!r:.140} (of checkpoint {name!r:.140}): use 1-200 of A-Z a-z 0-9 . _ : -")
         return f"tinker/{run_id.replace(':', '_')}/{name}"  # under server.checkpoint_root (checked by the op)
+
+    def checkpoint_of(self, path: str) -> str:
+        """The folder a `tinker://<run>/weights/<name>` path names (under checkpoint_root), or a ConfigError naming
+        the path: checked when a load is sent, and again when it runs."""
+        try:
+            parsed = ParsedCheckpointTinkerPath.from_tinker_path(path)
+        except ValueError as e:
+            raise ConfigError(f"path {path!r:.200}: {e}") from None
+        if parsed.checkpoint_type != "training":
+            raise ConfigError(f"path {path!r:.200}: not a training checkpoint (tinker://<run>/weights/<name>)")
+        try:
+            return self._ckpt(parsed.training_run_id, parsed.checkpoint_id.split("/", 1)[1])
+        except ConfigError as e:
+            raise ConfigError(f"path {path!r:.200}: {e}") from None
 
     def save_weights(self, model_id: str, name: str) -> types.SaveWeightsResponse:
         self.model(model_id)
@@ -407,15 +425,7 @@ class TinkerFront:
                 "loading weights without the optimizer state is not supported: checkpoints restore both "
                 "(use load_state_with_optimizer / create_training_client_from_state_with_optimizer)"
             )
-        try:
-            parsed = ParsedCheckpointTinkerPath.from_tinker_path(path)
-        except ValueError as e:
-            raise ConfigError(f"path {path!r:.200}: {e}") from None
-        if parsed.checkpoint_type != "training":
-            raise ConfigError(f"path {path!r:.200}: not a training checkpoint (tinker://<run>/weights/<name>)")
-        self.call(
-            "load_checkpoint", {"path": self._ckpt(parsed.training_run_id, parsed.checkpoint_id.split("/", 1)[1])}
-        )
+        self.call("load_checkpoint", {"path": self.checkpoint_of(path)})
         with self.lock:
             _put(self.state.models, model_id, self.state.models.get(model_id) or Model(model_id, self.lora_rank(None)))
             self.state.current = model_id
@@ -671,6 +681,7 @@ def mount(
         else:
             model_id = req.model_id
             front.model(model_id)
+        front.checkpoint_of(req.path)  # a bad path is refused when sent, not as the future's error
         return front.submit(front.train, lambda: front.load_weights(model_id, req.path, req.optimizer), model_id)
 
     @route("/save_weights_for_sampler")

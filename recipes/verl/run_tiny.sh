@@ -28,14 +28,16 @@ if [ -n "${ARCTIC_RL_JOB_DIR:-}" ] && [ -n "${RAY_ADDRESS:-}" ]; then
   # Its raylets were started without verl on their path: the job's runtime env carries it to every node.
   RAY_INIT=(+ray_kwargs.ray_init.address="$RAY_ADDRESS"
             "+ray_kwargs.ray_init.runtime_env.env_vars.PYTHONPATH='$PYTHONPATH'")
+  PRIVATE_RAY=()
 else
-  # A private Ray for this run, with Ray's token auth and a fresh token (the processes of the run inherit it).
-  export RAY_AUTH_MODE=token RAY_AUTH_TOKEN=$(od -An -N32 -tx1 /dev/urandom | tr -d ' \n')
-  unset RAY_ADDRESS RAY_AUTH_TOKEN_PATH
+  # A private Ray for this run (arctic_rl.local_ray): Ray's token auth with a fresh token, which the processes of
+  # the run inherit, and a fresh 0700 temp dir removed after the run.
+  unset RAY_ADDRESS
   RAY_INIT=(+ray_kwargs.ray_init.num_cpus=16 +ray_kwargs.ray_init.address=local)
+  PRIVATE_RAY=("$ROOT/.venv/bin/python" -m arctic_rl.local_ray run --)
 fi
 [ -f "$VERL_DATA/train.parquet" ] || "$PYTHON" -m recipes.verl.gsm8k --out "$VERL_DATA"
 source recipes/verl/tiny_args.sh
-exec "$PYTHON" -m recipes.verl.main "${TINY_ARGS[@]}" \
+exec "${PRIVATE_RAY[@]}" "$PYTHON" -m recipes.verl.main "${TINY_ARGS[@]}" \
   +actor_rollout_ref.arctic.training_config.dtype=float32 +actor_rollout_ref.arctic.vllm_config.dtype=float32 \
   trainer.experiment_name=verl-arctic-tiny "${RAY_INIT[@]}" "$@"

@@ -45,8 +45,7 @@ def _init(*args, **kwargs):
         kwargs.setdefault("num_cpus", int(os.environ.get("SKYRL_CPU_LOGICAL_CPUS", "8")))
         kwargs.setdefault("include_dashboard", False)
         kwargs.setdefault("object_store_memory", 512 * 1024**2)
-        if os.environ.get("SKYRL_CPU_RAY_TMP"):
-            kwargs.setdefault("_temp_dir", os.environ["SKYRL_CPU_RAY_TMP"])
+        # Token auth and the temp dir come from run.sh's arctic_rl.local_ray (RAY_AUTH_*, RAY_TMPDIR).
     else:
         # A job's Ray: its workers start from their raylet's environment, not this driver's (a private Ray's
         # raylet is this driver's child and inherits it). The GPU slots are the job's (`--ray-args --num-gpus`).

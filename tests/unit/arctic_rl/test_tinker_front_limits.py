@@ -208,3 +208,33 @@ def test_running_futures_are_never_evicted_and_results_are_bounded_by_bytes_and_
     assert store.get("running") is not None  # running: kept whatever its age
     gate.set()
     pool.shutdown()
+
+
+def test_a_checkpoint_path_stays_inside_the_tinker_folder(tmp_path, tiny_llama):
+    """`tinker://<run>/weights/<name>` names a folder under `<checkpoint_root>/tinker/`; a run or name of `.` or `..`
+    (which the SDK's parser takes) is refused when sent, naming the path, before any op; a good one reaches the
+    op's own path check (requests.check_request, what the controller runs) under tinker/."""
+    from arctic_rl.server.requests import check_request, checkpoint_path
+
+    calls = []
+
+    def call(op, args):
+        check_request(op, args, cfg)
+        calls.append((op, checkpoint_path(args["path"], cfg)))
+        return {}
+
+    app, _, _ = _front(tmp_path, tiny_llama, call)
+    cfg = ArcticRLClientConfig(model_name=str(tiny_llama), server={"checkpoint_root": str(tmp_path / "root")})
+    session = _session(app)
+    body = {"session_id": session, "model_seq_id": 0, "base_model": str(tiny_llama), "optimizer": True}
+    for bad in ("tinker://../weights/x", "tinker://./weights/x", "tinker://run/weights/..", "tinker://run/weights/."):
+        r = app.post("/api/v1/load_weights", json={**body, "path": bad})
+        assert r.status_code == 422, (bad, r.status_code, r.text)
+        assert repr(bad) in r.json()["detail"], r.text
+    assert calls == []
+    good = f"tinker://{session}:train:0/weights/step-1"
+    r = app.post("/api/v1/load_weights", json={**body, "path": good})
+    assert r.status_code == 200, r.text
+    r = app.post("/api/v1/retrieve_future", json={"request_id": r.json()["request_id"]})
+    assert r.status_code == 200 and r.json()["path"] == good, r.text
+    assert calls == [("load_checkpoint", (tmp_path / "root" / "tinker" / f"{session}_train_0" / "step-1").resolve())]

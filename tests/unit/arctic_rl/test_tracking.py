@@ -100,3 +100,45 @@ def test_reward_curve_png_has_every_run_and_none_without_rewards(tmp_path: Path)
     assert tracking.plot_rewards([], tmp_path / "none.png") is None
     with pytest.raises(ValueError, match="window=0"):
         tracking.rolling_mean([1.0], window=0)
+
+
+# A framework's own logger (verl's, SkyRL's) in a process where the integration called set_run_context first: it logs
+# the framework's whole config through MLflow's fluent API, never through flatten_params.
+FRAMEWORK_LOGGER = """
+import sys
+if sys.argv[2] == "mlflow first":
+    import mlflow
+from arctic_rl.tracking import set_run_context
+set_run_context("skyrl", "arctic-rl", "toy", "tiny")
+import mlflow
+mlflow.set_tracking_uri(sys.argv[1])
+mlflow.set_experiment("toy")
+with mlflow.start_run():
+    mlflow.log_params({
+        "generator/backend/auth_token": "tok-1",
+        "ray_kwargs/ray_init/runtime_env/env_vars/MLFLOW_TRACKING_URI": "https://alice:s3cret@mlflow.example",
+        "ray_kwargs/ray_init/runtime_env/env_vars/RAY_AUTH_TOKEN": "tok-2",
+        "trainer/hf/HF_TOKEN": "tok-3",
+        "data/train_files": "https://bob:tok-4@data.example/train.parquet",
+        "trainer/lr": "1e-06",
+        "generator/max_tokens": "64",
+        "generator/pad_token": "<pad>",
+    })
+    mlflow.log_param("generator.api_key", "tok-5")
+"""
+
+
+@pytest.mark.parametrize("order", ["filter first", "mlflow first"])
+def test_a_framework_s_own_logger_logs_no_secret(uri: str, order: str) -> None:
+    import subprocess
+    import sys
+
+    subprocess.run([sys.executable, "-c", FRAMEWORK_LOGGER, uri, order], check=True)
+    client = MlflowClient(uri)
+    (run,) = client.search_runs([client.get_experiment_by_name("toy").experiment_id])
+    assert run.data.params == {
+        "data/train_files": "https://bob:***@data.example/train.parquet",
+        "trainer/lr": "1e-06",
+        "generator/max_tokens": "64",
+        "generator/pad_token": "<pad>",
+    }
