@@ -42,6 +42,38 @@ FINAL_STATES = {
 }
 
 
+# How long an attempt's task step may wait to start. Slurm defers a step ("step creation temporarily disabled") while
+# a node of the allocation is not responding, and srun retries without end: an attempt whose node never answered
+# again would hold its allocation, doing nothing, until the time limit. A healthy step starts within seconds.
+STEP_START_TIMEOUT_S = 300
+
+
+def step_marker(job_dir: Path, restart_count: str | int) -> Path:
+    """Written by the attempt's tasks as they start: the batch script's teardown tells 'srun never started the
+    step' from 'the step ran and failed' by it."""
+    return job_dir / f"step-started.{restart_count}"
+
+
+def step_teardown(job_dir: Path, nodes: int, timeout_s: int) -> list[str]:
+    """Lines the batch script runs after srun (submitit's teardown): when srun failed and no task of this attempt
+    started, one named error line, with the nodes' states, before the script exits with srun's code."""
+    marker = shlex.quote(str(step_marker(job_dir, "")))
+    why = (
+        f"arctic-rl: job $SLURM_JOB_ID attempt ${{SLURM_RESTART_COUNT:-0}}: srun exited $rc before any task of its "
+        f"step (srun --nodes={nodes} --ntasks-per-node=1) started. srun gives up on a step Slurm still defers "
+        f"after {timeout_s} s (--step-start-timeout-s); its own message above says why (for instance "
+        "'Requested nodes are busy': a node of the allocation not responding). The job ends rather than hold its nodes; resubmit "
+        "it (resume=auto continues from its last checkpoint). Nodes:"
+    )
+    return [
+        "rc=$?",
+        f'if [ "$rc" -ne 0 ] && [ ! -e {marker}"${{SLURM_RESTART_COUNT:-0}}" ]; then',
+        f'  echo "{why} $(sinfo -h -N -n "$SLURM_JOB_NODELIST" -o "%N=%T" | tr "\\n" " ")" >&2',
+        "fi",
+        'exit "$rc"',
+    ]
+
+
 class RecipeJob(submitit.helpers.Checkpointable):
     """The callable submitit pickles and runs on every node. `checkpoint()` (inherited) resubmits it with
     the same arguments on preemption/time-out; the command's resume=auto picks up the last checkpoint."""
@@ -51,6 +83,8 @@ class RecipeJob(submitit.helpers.Checkpointable):
 
     def __call__(self) -> int:
         env = submitit.JobEnvironment()
+        if "SLURM_JOB_ID" in os.environ:  # the step started: the batch script's teardown reads this
+            step_marker(self.template.job_dir, os.environ.get("SLURM_RESTART_COUNT", "0")).touch()
         check_one_task_per_node(os.environ)
         try:
             hostnames = list(env.hostnames)
@@ -129,6 +163,13 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--max-requeues", type=int, default=3, help="requeues after time-out (preemptions are unlimited)")
     s.add_argument("--signal-delay-s", type=int, default=90, help="USR2 this many seconds before the time limit")
     s.add_argument("--register-timeout-s", type=float, default=300.0, help="wait for all nodes to join Ray")
+    s.add_argument(
+        "--step-start-timeout-s",
+        type=int,
+        default=STEP_START_TIMEOUT_S,
+        help="give up (the job fails, naming why) when Slurm has not started the job's task step after this many "
+        "seconds, instead of holding the allocation while srun retries",
+    )
     s.add_argument("--ray-args", default="", help="extra `ray start` flags for every node, one quoted string")
     s.add_argument(
         "--ray-python",
@@ -161,6 +202,12 @@ def make_executor(args: argparse.Namespace, job_dir: Path) -> submitit.AutoExecu
     if args.mem_gb:
         params["mem_gb"] = args.mem_gb
     if args.cluster == "slurm":
+        if args.step_start_timeout_s < 2:  # srun's --immediate=1 means "now or never", 0 "wait for ever"
+            raise ValueError(
+                f"--step-start-timeout-s={args.step_start_timeout_s}: use at least 2 seconds (default "
+                f"{STEP_START_TIMEOUT_S}); a healthy step starts within seconds, a node that stopped answering "
+                "is declared down after the cluster's SlurmdTimeout"
+            )
         params["slurm_signal_delay_s"] = args.signal_delay_s
         if not args.cpus_per_node:  # GPU bundles need the node's CPUs too; one CPU per node cannot place them
             params["slurm_exclusive"] = True
@@ -170,7 +217,13 @@ def make_executor(args: argparse.Namespace, job_dir: Path) -> submitit.AutoExecu
         # allocated nodes that are up at that instant), so both ranks ran on one host. With the node count given,
         # slurmctld defers the step until every node is up (ESLURM_NODES_BUSY, "step creation temporarily
         # disabled") instead.
-        params["slurm_srun_args"] = [f"--nodes={args.nodes}", "--ntasks-per-node=1"]
+        # --immediate bounds that wait: srun gives up after it, and the teardown names why (step_teardown).
+        params["slurm_srun_args"] = [
+            f"--nodes={args.nodes}",
+            "--ntasks-per-node=1",
+            f"--immediate={args.step_start_timeout_s}",
+        ]
+        params["slurm_teardown"] = step_teardown(job_dir, args.nodes, args.step_start_timeout_s)
         # The job imports `jobs` and `arctic_rl` from this checkout, whatever directory Slurm starts it in.
         params["slurm_setup"] = [f"export PYTHONPATH={launch.REPO_ROOT}${{PYTHONPATH:+:$PYTHONPATH}}"]
         if args.partition:

@@ -59,7 +59,19 @@ spawn() { local log=$1; shift; setsid "$@" </dev/null >>"$log" 2>&1 & }
 # tests' `--cpus_per_node 2` ("CPU count per node can not be satisfied", seen in CI).
 machine_cpus() { env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc; }
 
-pid_alive() { [ -f "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
+# The daemon of pid file $1 is alive: the pid names a live (not zombie) process that is one of the daemons these
+# scripts start. `kill -0` alone is not enough: this machine's pid_max can be 32768, and a test run starts enough
+# processes to wrap it within the hour (seen: a node's slurmd restarted with a pid below its predecessor's). A dead
+# daemon's pid can then name an unrelated process, which `up` took for the daemon (a killed node's slurmd was not
+# started again) and `down` or a config change would have killed.
+pid_alive() {
+  local pid comm state
+  [ -f "$1" ] && pid=$(cat "$1" 2>/dev/null) && [[ $pid =~ ^[0-9]+$ ]] || return 1
+  comm=$(cat "/proc/$pid/comm" 2>/dev/null) || return 1
+  case $comm in slurmd | slurmctld | slurmdbd | munged | mariadbd | mysqld) ;; *) return 1 ;; esac
+  state=$(sed -n 's/^.*) \(.\).*$/\1/p' "/proc/$pid/stat" 2>/dev/null) || return 1
+  [ -n "$state" ] && [ "$state" != Z ]
+}
 
 stop_pidfile() {
   local pidfile=$1 pid
@@ -247,12 +259,23 @@ start_slurmctld() {
   fi
 }
 
-# Node $1 back to service if an earlier run left it DOWN/DRAIN, then wait until it is usable.
+# Node $1 back to service if an earlier run left it DOWN/DRAIN, then wait until it is usable and answering.
+# A node that is DOWN because its slurmd stopped answering comes back by itself once its slurmd registers
+# (ReturnToService=2); a RESUME sent before that leaves it idle* (up, not responding), which is no node to give a
+# job step. So a down node gets its slurmd's registration first (30 s), and a RESUME only if it is still down;
+# drained and failed nodes need the RESUME. Ready means answering: `idle`, not `idle*`.
 node_ready() {
   local node=$1 log=$2 state
   state=$(sinfo -h -n "$node" -o %T 2>/dev/null || true)
-  case $state in down*|drain*|fail*) scontrol update NodeName="$node" State=RESUME || true ;; esac
+  case $state in drain* | fail*) scontrol update NodeName="$node" State=RESUME || true ;; esac
+  if [[ $state == down* ]]; then
+    for _ in $(seq 60); do
+      [[ $(sinfo -h -n "$node" -o %T 2>/dev/null) == down* ]] || break
+      sleep 0.5
+    done
+    [[ $(sinfo -h -n "$node" -o %T 2>/dev/null) == down* ]] && { scontrol update NodeName="$node" State=RESUME || true; }
+  fi
   # A busy node (jobs still running from an earlier test) also counts as up.
   wait_for "node $node idle" 60 "$log" \
-    bash -c "sinfo -h -n '$node' -o %T | grep -Eq '^(idle|mixed|allocated|completing)'"
+    bash -c "sinfo -h -n '$node' -o %T | grep -Eq '^(idle|mixed|allocated|completing)\$'"
 }

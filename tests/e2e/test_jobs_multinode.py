@@ -101,7 +101,16 @@ def cluster() -> None:
 
 @pytest.fixture(scope="module")
 def size(tiny_llama: Path) -> list[str]:
-    return [*SIZE, f"model.name_or_path={tiny_llama}", "model.dtype=float32", "backend.vllm_config.dtype=float32"]
+    return [
+        *SIZE,
+        f"model.name_or_path={tiny_llama}",
+        "model.dtype=float32",
+        "backend.vllm_config.dtype=float32",
+        # The tiny random model earns no reward on text2sql, so the policy gradient is 0 at every step; the entropy
+        # bonus gives every step a nonzero gradient, so the weights and Adam's moments change step to step and a
+        # resume that restored the wrong ones would change every later step's metrics (COMPARED).
+        "loss.config.entropy_coeff=0.01",
+    ]
 
 
 @pytest.fixture
@@ -156,6 +165,16 @@ def job_report(job_id: str, job_dir: Path, chars: int = 2500) -> str:
     ]
     for path in sorted((job_dir / "submitit").glob("*_log.*")):
         parts.append(f"--- {path.name} (last {chars} chars)\n{path.read_text(errors='replace')[-chars:]}")
+    # Why a step would not start: each node's state and flags (NOT_RESPONDING, DRAIN, reason), and what slurmctld
+    # said of the job and the nodes lately.
+    for node in NODES:
+        parts.append(f"--- scontrol show node {node}\n" + run("scontrol", "show", "node", node))
+    ctld = Path("/var/lib/arctic-rl-slurm/log/slurmctld.log")
+    if ctld.exists():
+        lines = [
+            ln for ln in ctld.read_text(errors="replace").splitlines() if f"JobId={job_id}" in ln or "arctic-n" in ln
+        ]
+        parts.append("--- slurmctld.log (job and node lines, last 60)\n" + "\n".join(lines[-60:]))
     return "\n".join(parts)
 
 
@@ -287,9 +306,9 @@ def test_framework_path_on_two_nodes(
         check_skyrl_run(uri, project, tiny_llama, tmp_path / "out", log[-3000:])
 
 
-# The tiny random model earns no reward on text2sql, so pg_loss, grad_norm and the reward are 0 at every step
-# and equal in any two runs; response length and entropy differ step to step (the step's prompts, the sampler's
-# seed, the weights), so they are what makes the comparison able to fail.
+# With the entropy bonus (size) grad_norm and the entropy depend on the weights exactly (compared as floats), and
+# the weights move every step: restoring the wrong weights or optimizer state changes them after the resume. pg_loss
+# and the reward stay 0 (the tiny model earns none); response length follows the sampler's seed and the weights.
 COMPARED = ("actor/pg_loss", "actor/grad_norm", "critic/rewards/mean", "response_length/mean", "actor/entropy")
 STEP_LINE = re.compile(r"^step (\d+)/\d+ \|", re.M)
 RESUMED = re.compile(r"arctic-rl: resumed from step (\d+) \((\S+)\)")
@@ -351,6 +370,21 @@ def assert_no_step_recomputed(log: str, resumed: int, last: int) -> None:
     assert first == list(range(1, len(first) + 1)) and len(first) >= resumed - 1, (resumed, first, second)
 
 
+def assert_steps_equal_uninterrupted(uninterrupted, store: MlflowClient, run_id: str, resumed: list[int]) -> None:
+    """Exact resume: every step of the resumed run, those after each resume included, equals the uninterrupted
+    run's (same config and seed), and every step had a gradient (a resume that lost the weights or the optimizer's
+    state would then show in the steps after it)."""
+    ref_id, _, ref_client, _ = uninterrupted
+    ref = metric_values(ref_client, the_run(ref_client, "text2sql", ref_id).info.run_id)
+    got = metric_values(store, run_id)
+    assert len(set(ref["response_length/mean"].values())) > 1, ref  # a comparison that can fail
+    assert all(v > 0 for v in ref["actor/grad_norm"].values()), ref["actor/grad_norm"]  # the weights move
+    assert len(set(ref["actor/grad_norm"].values())) == PREEMPT_STEPS, ref["actor/grad_norm"]
+    for key in COMPARED:
+        assert sorted(ref[key]) == sorted(got[key]) == list(range(1, PREEMPT_STEPS + 1)), key
+        assert got[key] == ref[key], (key, resumed, got[key], ref[key])
+
+
 def test_submitit_two_nodes_preempted_resumes(
     cluster, store: MlflowClient, size: list[str], uninterrupted, tiny_llama: Path
 ) -> None:
@@ -397,13 +431,7 @@ def test_submitit_two_nodes_preempted_resumes(
     assert_every_attempt_on_both_nodes(job_id)
     assert ray_addresses(job_dir) >= {"10.213.0.11", "10.213.0.12"}
     assert "ray-head.1.json" in os.listdir(job_dir)  # the second attempt brought its own Ray up
-    # Exact resume: every step, those after K included, equals the uninterrupted run's.
-    ref = metric_values(ref_client, the_run(ref_client, "text2sql", ref_id).info.run_id)
-    got = metric_values(store, run.info.run_id)
-    assert len(set(ref["response_length/mean"].values())) > 1, ref  # a comparison that can fail
-    for key in COMPARED:
-        assert sorted(ref[key]) == sorted(got[key]) == list(range(1, PREEMPT_STEPS + 1)), key
-        assert got[key] == ref[key], (key, k, got[key], ref[key])
+    assert_steps_equal_uninterrupted(uninterrupted, store, run.info.run_id, [k])
 
 
 def test_torchx_two_nodes(uninterrupted) -> None:
@@ -413,6 +441,36 @@ def test_torchx_two_nodes(uninterrupted) -> None:
     assert run.info.status == "FINISHED" and steps_of(client, run.info.run_id) == list(range(1, PREEMPT_STEPS + 1))
     assert "resumed_from_step" not in run.data.tags  # ran through: no resume
     assert_spans_both_hosts(run)
+
+
+def test_a_step_slurm_defers_ends_the_job_within_its_bound_naming_why(cluster, tmp_path: Path) -> None:
+    """The launcher's batch script, run by Slurm, when Slurm defers its task step ("Requested nodes are busy", as
+    for a node that stopped answering): srun gives up after --step-start-timeout-s and the job ends FAILED with
+    the launcher's line naming the job, the bound and the nodes, instead of holding its allocation. The deferral
+    is Slurm's own: a step started before the launcher's srun holds arctic-n2's CPUs (a step takes all of the
+    job's CPUs on its nodes), so the launcher's two-node step cannot be placed until it ends (5 minutes)."""
+    bound = 8
+    args = slurm.build_parser().parse_args(
+        ["submit", "--recipe", "text2sql", "--nodes", "2", "--time", "10", "--step-start-timeout-s", str(bound)]
+    )
+    executor = slurm.make_executor(args, tmp_path)
+    setup = executor._executor.parameters["setup"]
+    holder = f"srun --nodes=1 --ntasks=1 --nodelist={NODES[1]} --output=/dev/null sleep 300 &"
+    executor.update_parameters(slurm_setup=[*setup, holder, "sleep 3"])
+    job = executor.submit(print, "the task step ran")
+    try:
+        state = wait_state(job.job_id, {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL"}, 120)
+    finally:
+        cancel_if_alive(job.job_id)
+    err = Path(job.paths.stderr).read_text(errors="replace")
+    out = Path(job.paths.stdout).read_text(errors="replace") if Path(job.paths.stdout).exists() else ""
+    assert state == "FAILED", (state, err, out)
+    # srun's own line: Slurm deferred the step for as long as the bound (without it srun retries without end)
+    assert f"Unable to create step for job {job.job_id}: Requested nodes are busy" in err, err
+    assert f"arctic-rl: job {job.job_id} attempt 0: srun exited" in err, err
+    assert f"after {bound} s (--step-start-timeout-s)" in err and f"{NODES[1]}=" in err, err
+    assert "the task step ran" not in out, out
+    assert not (tmp_path / "step-started.0").exists()
 
 
 def kill_node(name: str) -> int:
@@ -443,12 +501,14 @@ def restore_node(name: str) -> None:
         timeout=300,
     )
     assert up.returncode == 0, up.stdout + up.stderr
+    # In service means answering: `idle`, never `idle*` (up but not responding, what a RESUME sent before the
+    # node's slurmd registered leaves; slurm_cluster.sh's node_ready waits for the registration first).
     deadline = time.monotonic() + 120
     while True:
         states = subprocess.run(["sinfo", "-h", "-N", "-n", name, "-o", "%T"], capture_output=True, text=True).stdout
-        if states.strip().rstrip("*") in ("idle", "mixed", "allocated"):
+        if states.strip() in ("idle", "mixed", "allocated"):
             return
-        if "down" in states or "drain" in states:
+        if "drain" in states or ("down" in states and time.monotonic() > deadline - 90):
             subprocess.run(["scontrol", "update", f"NodeName={name}", "State=RESUME"], check=False)
         assert time.monotonic() < deadline, f"{name} not back in service after 120 s: {states}"
         time.sleep(2)
@@ -487,7 +547,7 @@ def lose_node(job_id: str, job_dir: Path, victim: str, how: str, report: Callabl
     return last
 
 
-def test_node_loss_requeues_and_resumes(cluster, store: MlflowClient, size: list[str]) -> None:
+def test_node_loss_requeues_and_resumes(cluster, store: MlflowClient, size: list[str], uninterrupted) -> None:
     """A two-node text2sql job (a trainer rank and a sampler replica on each node) loses its second node twice,
     the two ways nodes die: its link cut (`ip link set arctic-v2 down`) in the first attempt, and once the requeued
     attempt has checkpointed a step past its resume, its processes (slurmd, the job's task, Ray and the engines)
@@ -522,3 +582,5 @@ def test_node_loss_requeues_and_resumes(cluster, store: MlflowClient, size: list
     run = the_run(store, "text2sql", job_id)
     assert_spans_both_hosts(run, job_dir)  # the victim held trainer rank 1 and a sampler replica
     assert run.info.status == "FINISHED" and steps_of(store, run.info.run_id) == list(range(1, PREEMPT_STEPS + 1))
+    assert uninterrupted[1] == "COMPLETED", uninterrupted[3]
+    assert_steps_equal_uninterrupted(uninterrupted, store, run.info.run_id, [first, second])

@@ -233,9 +233,15 @@ def test_submitit_gives_srun_one_task_per_node(tmp_path: Path) -> None:
     script = slurm.make_executor(args, tmp_path)._executor._make_submission_file_text("python -m x", "uid")
     (srun,) = [line for line in script.splitlines() if line.startswith("srun ")]
     assert "--nodes=2" in srun.split() and "--ntasks-per-node=1" in srun.split(), script
+    # ... and bounds how long Slurm may defer that step (--immediate), the teardown naming why it gave up.
+    assert f"--immediate={slurm.STEP_START_TIMEOUT_S}" in srun.split(), script
+    assert "rc=$?" in script.split("srun ", 1)[1] and "--step-start-timeout-s" in script.split("srun ", 1)[1], script
+    args.step_start_timeout_s = 1  # srun's "now or never"
+    with pytest.raises(ValueError, match=r"--step-start-timeout-s=1: use at least 2 seconds"):
+        slurm.make_executor(args, tmp_path)
 
 
-def test_a_step_on_fewer_nodes_than_the_job_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_step_on_fewer_nodes_than_the_job_is_refused(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """Every task checks Slurm's step layout before starting Ray: a step packed onto fewer nodes than the job
     holds fails naming both counts and the fix, instead of running a two-node deployment on one host."""
     from jobs import slurm
@@ -255,5 +261,8 @@ def test_a_step_on_fewer_nodes_than_the_job_is_refused(monkeypatch: pytest.Monke
     }
     for key, value in packed.items():
         monkeypatch.setenv(key, value)
+    template = bootstrap.BootstrapConfig(command=["true"], job_dir=tmp_path)
     with pytest.raises(RuntimeError, match=r"2 tasks on 1 of the job's 2 nodes .*--ntasks-per-node=1"):
-        slurm.RecipeJob(template=None)()  # type: ignore[arg-type]
+        slurm.RecipeJob(template)()
+    # The step started (and failed): the batch script's teardown must not say it never started.
+    assert slurm.step_marker(tmp_path, 0).exists()

@@ -49,3 +49,29 @@ def test_nodes_offer_the_machines_cpus_whatever_openmp_says() -> None:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "OMP_THREAD_LIMIT": "1"}
     out = subprocess.run(["bash", "-c", script], capture_output=True, text=True, env=env, check=True)
     assert int(out.stdout) == len(os.sched_getaffinity(0))
+
+
+def pid_alive(pidfile: Path) -> bool:
+    return subprocess.run(["bash", "-c", f"SCRIPT=test; source {LIB}; pid_alive {pidfile}"]).returncode == 0
+
+
+def test_a_pid_file_naming_another_process_is_not_the_daemon(tmp_path: Path) -> None:
+    """A killed node's slurmd leaves its pid file; once the machine's pids wrap (pid_max 32768 here) the pid can
+    name any other process, and `up` must still start the daemon again (and `down` must not kill that process)."""
+    pidfile = tmp_path / "slurmd-arctic-n2.pid"
+    other = subprocess.Popen(["sleep", "60"])
+    try:
+        pidfile.write_text(f"{other.pid}\n")
+        assert not pid_alive(pidfile)  # alive, but not a daemon of ours
+    finally:
+        other.kill()
+        other.wait()
+    assert not pid_alive(pidfile)  # gone
+    assert not pid_alive(tmp_path / "absent.pid")
+    pidfile.write_text("not a pid\n")
+    assert not pid_alive(pidfile)
+    # A live daemon of ours is alive: munged, which the Slurm scripts start, when this machine runs it.
+    munged = subprocess.run(["pgrep", "-x", "munged"], capture_output=True, text=True).stdout.split()
+    if munged:
+        pidfile.write_text(munged[0] + "\n")
+        assert pid_alive(pidfile)
