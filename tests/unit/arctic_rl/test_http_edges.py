@@ -15,6 +15,7 @@ import time
 import httpx
 import pytest
 import torch
+from served import UvicornThread
 
 from arctic_rl import wire
 from arctic_rl.config import ArcticRLClientConfig
@@ -41,30 +42,14 @@ def config(port: int = 7000, token: str | None = None, **server) -> ArcticRLClie
     )
 
 
-class Served:
+class Served(UvicornThread):
     """build_app(None, cfg) served by uvicorn in a thread on cfg's port (a request that got past every check would
     fail at handle None: the tests send none such)."""
 
     def __init__(self, cfg: ArcticRLClientConfig, tinker: bool = False, handle=None):
-        import uvicorn
+        from arctic_rl.server.http import build_app
 
-        from arctic_rl.server.http import build_app, uvicorn_config
-
-        self.cfg, self.base = cfg, f"http://127.0.0.1:{cfg.port}"
-        app = build_app(handle, cfg, tinker=tinker)
-        self.server = uvicorn.Server(uvicorn_config(app, cfg, log_level="warning"))  # as `arctic-rl serve` runs it
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-
-    def __enter__(self):
-        self.thread.start()
-        while not self.server.started:
-            assert self.thread.is_alive(), "uvicorn did not start"
-            time.sleep(0.05)
-        return self
-
-    def __exit__(self, *exc):
-        self.server.should_exit = True
-        self.thread.join(timeout=30)
+        super().__init__(build_app(handle, cfg, tinker=tinker), cfg)
 
 
 # -- cross-site requests ----------------------------------------------------------------------------------------

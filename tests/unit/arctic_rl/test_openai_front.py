@@ -12,6 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
+from served import UvicornThread
 
 from arctic_rl.config import ArcticRLClientConfig, model_vocab_size
 from arctic_rl.server.requests import check_request
@@ -58,37 +59,26 @@ class Sampler:
             time.sleep(0.02)
 
 
-class Served:
+class Served(UvicornThread):
     """The OpenAI routes (and, with tinker=True, the Tinker ones) on one FastAPI app, served by uvicorn as
     `arctic-rl serve` runs it."""
 
     def __init__(self, cfg: ArcticRLClientConfig, tinker: bool = False):
-        import uvicorn
         from fastapi import FastAPI
 
         from arctic_rl.server import openai_api, tinker_api
-        from arctic_rl.server.http import read_bytes, uvicorn_config
+        from arctic_rl.server.http import read_bytes
 
-        self.cfg, self.base = cfg, f"http://127.0.0.1:{cfg.port}"
         self.sampler = Sampler(cfg)
         app = FastAPI()
         self.front = openai_api.mount(app, cfg, self.sampler)
         if tinker:
             tinker_api.mount(app, cfg, self.sampler, lambda r: read_bytes(r, cfg.server.max_body_bytes))
-        self.server = uvicorn.Server(uvicorn_config(app, cfg, log_level="warning"))
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-
-    def __enter__(self):
-        self.thread.start()
-        while not self.server.started:
-            assert self.thread.is_alive(), "uvicorn did not start"
-            time.sleep(0.05)
-        return self
+        super().__init__(app, cfg)
 
     def __exit__(self, *exc):
         self.sampler.gate.set()
-        self.server.should_exit = True
-        self.thread.join(timeout=30)
+        super().__exit__(*exc)
 
     def chat(self, messages: list[dict], cid: str | None = None, timeout: float = 60, **params) -> httpx.Response:
         headers = {"x-conversation-id": cid} if cid else {}
